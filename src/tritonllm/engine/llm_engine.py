@@ -1,0 +1,274 @@
+"""The in-flight batching engine: scheduler + model runner + sampler + detokenizer, one step at a time.
+
+`step()` runs one forward for everything the scheduler picked, samples one token for each
+sequence that reached its last known token, and reports what is new. Finished sequences leave
+at once and waiting ones take their slot in the next step. `add_request` and `abort` are safe to
+call from any thread: they go through an inbox that the stepping thread drains. `start()` runs
+`step()` in a background thread; one thread owns all model state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from tritonllm.engine.detokenizer import OutputText
+from tritonllm.engine.model_runner import Chunk, ModelRunner
+from tritonllm.engine.sampler import Sampler
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
+from tritonllm.engine.sequence import RequestOutput, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0  # forwards run
+    decode_steps: int = 0  # forwards that produced at least one token
+    tokens_generated: int = 0
+    prompt_tokens: int = 0
+    slot_steps: int = 0  # slots x decode steps: the token capacity offered
+
+    @property
+    def slot_utilisation(self) -> float:
+        return self.tokens_generated / self.slot_steps if self.slot_steps else 0.0
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, config: SchedulerConfig | None = None):
+        self.config = config or SchedulerConfig()
+        self.tokenizer = tokenizer
+        self.scheduler = Scheduler(self.config)
+        self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len)
+        self.sampler = Sampler(eos_token_ids(model, tokenizer))
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._inbox: deque[Sequence] = deque()
+        self._aborts: deque[str] = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    @classmethod
+    def from_spec(cls, model: str | None = None, device: str | None = None, dtype: str | None = None,
+                  **config) -> "LLMEngine":
+        from tritonllm.models import load_model
+
+        hf_model, tokenizer = load_model(model, device, dtype)
+        return cls(hf_model, tokenizer, SchedulerConfig(**config))
+
+    # ---- requests (any thread) ----
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    callback: Callable[[RequestOutput], None] | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises ValueError at once if it can never run."""
+        params = params or SamplingParams()
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        seq = Sequence(request_id or f"req-{next(self._ids)}", prompt_ids, params, callback)
+        self.scheduler.check_fits(seq)
+        seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
+        seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
+        with self._wake:
+            self._inbox.append(seq)
+            self._wake.notify()
+        return seq.request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finish a request with reason `abort`; its slot is free for the next step."""
+        with self._wake:
+            self._aborts.append(request_id)
+            self._wake.notify()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._inbox) + self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    def has_unfinished(self) -> bool:
+        return bool(self._inbox or self.scheduler.has_work())
+
+    # ---- stepping (one thread) ----
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._take_inbox()
+        chunks = self.scheduler.schedule()
+        if chunks:
+            try:
+                outputs += self._run(chunks)
+            except Exception as exc:  # a failed forward fails its sequences, not the engine
+                log.exception("step failed")
+                outputs += [self._finish(c.seq, "error", str(exc)) for c in chunks if not c.seq.finished]
+        for out, seq in outputs:
+            if seq.callback is not None:
+                try:
+                    seq.callback(out)
+                except Exception:
+                    log.exception("callback of %s failed", seq.request_id)
+        return [out for out, _ in outputs]
+
+    def _take_inbox(self) -> list[tuple[RequestOutput, Sequence]]:
+        with self._wake:
+            arrived, self._inbox = list(self._inbox), deque()
+            aborted, self._aborts = list(self._aborts), deque()
+        for seq in arrived:
+            self.scheduler.add(seq)
+        outputs = []
+        for request_id in aborted:
+            seq = self.scheduler.find(request_id)
+            if seq is not None:
+                outputs.append(self._finish(seq, "abort"))
+        return outputs
+
+    def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
+        batch = [Chunk(c.seq.slot, token_slice(c.seq, c.start, c.num_tokens), c.start, c.samples) for c in chunks]
+        logits = self.runner.forward(batch)
+        for c in chunks:
+            c.seq.num_computed += c.num_tokens
+            if c.start < c.seq.num_prompt:
+                self.stats.prompt_tokens += min(c.num_tokens, c.seq.num_prompt - c.start)
+        sampling = [c.seq for c in chunks if c.samples]
+        self.stats.steps += 1
+        if not sampling:
+            return []
+        self.stats.decode_steps += 1
+        self.stats.slot_steps += self.config.max_num_seqs
+        self.stats.tokens_generated += len(sampling)
+        now = time.perf_counter()
+        outputs = []
+        for seq, token in zip(sampling, self.sampler(logits, sampling)):
+            reason = self._append_token(seq, token, now)
+            outputs.append(self._finish(seq, reason) if reason else (self._output(seq), seq))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> str | None:
+        """Record one sampled token; return a finish reason if the sequence is done."""
+        seq.output_ids.append(token)
+        seq.token_times.append(now)
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        p = seq.params
+        if token in p.stop_token_ids and len(seq.output_ids) >= p.min_tokens:
+            return "stop"
+        if not p.ignore_eos and token in self.sampler.eos_token_ids and len(seq.output_ids) >= p.min_tokens:
+            return "stop"
+        if seq.detokenizer.add(token) and len(seq.output_ids) >= p.min_tokens:
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens:
+            return "length"
+        return None
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> tuple[RequestOutput, Sequence]:
+        self.scheduler.finish(seq, reason)
+        seq.detokenizer.finish()
+        return self._output(seq, error), seq
+
+    def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
+        new_ids = seq.output_ids[seq.sent_tokens:]
+        new_times = seq.token_times[seq.sent_tokens:]
+        seq.sent_tokens = len(seq.output_ids)
+        return RequestOutput(
+            request_id=seq.request_id,
+            text=seq.detokenizer.release(final=seq.finished),
+            token_ids=new_ids,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt,
+            num_output_tokens=len(seq.output_ids),
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            token_times=new_times,
+            error=error,
+        )
+
+    # ---- running ----
+
+    def run_until_done(self) -> None:
+        """Step until every queued request has finished (no background thread)."""
+        while self.has_unfinished():
+            self.step()
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run prompts to the end synchronously; return one whole output (all text and ids) each."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        results: dict[str, list[RequestOutput]] = {}
+        ids = [self.add_request(p, sp, lambda out: results.setdefault(out.request_id, []).append(out))
+               for p, sp in zip(prompts, per_prompt)]
+        self.run_until_done()
+        return [merge_outputs(results[i]) for i in ids]
+
+    def start(self) -> None:
+        """Step in a background thread whenever there is work."""
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self._inbox and not self._aborts and not self.scheduler.has_work():
+                    self._wake.wait()
+                if self._stopping:
+                    break
+            self.step()
+
+    def shutdown(self) -> None:
+        """Stop the loop and finish every open request with reason `abort`."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+        with self._wake:
+            open_seqs = list(self._inbox) + list(self.scheduler.waiting) + list(self.scheduler.running)
+            self._inbox.clear()
+        for seq in open_seqs:
+            out, _ = self._finish(seq, "abort")
+            if seq.callback is not None:
+                seq.callback(out)
+
+
+def token_slice(seq: Sequence, start: int, n: int) -> list[int]:
+    """Tokens [start, start + n) of a sequence without building prompt + output."""
+    if start >= seq.num_prompt:
+        return seq.output_ids[start - seq.num_prompt:start - seq.num_prompt + n]
+    return seq.prompt_ids[start:start + n]
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """Fold a request's step outputs into one whole output."""
+    last = outputs[-1]
+    return RequestOutput(
+        request_id=last.request_id,
+        text="".join(o.text for o in outputs),
+        token_ids=[t for o in outputs for t in o.token_ids],
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=last.num_output_tokens,
+        arrival_time=last.arrival_time,
+        first_token_time=last.first_token_time,
+        token_times=[t for o in outputs for t in o.token_times],
+        error=last.error,
+    )
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (configured, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids

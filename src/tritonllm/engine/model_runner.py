@@ -1,0 +1,133 @@
+"""One forward pass per step for every scheduled token of every sequence, packed into one row.
+
+The runner drives the Hugging Face model's own modules (embeddings, projections, norms, MLPs,
+rotary embedding, lm_head) so weights and numerics are the model's; only attention and the KV
+cache are ours: each sequence attends to its own slot in `SlotKVCache`, so sequences of any
+length share one forward without padding and past keys/values are never copied. Logits are
+computed only at each sequence's last scheduled token, and only where a token is sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine.kv_cache import SlotKVCache
+
+# Decoder-only models with the Llama layout (pre-norm, rotary, GQA, gated MLP). Qwen3 adds
+# per-head q/k norms, which the runner applies when present.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    slot: int
+    token_ids: list[int]
+    start: int  # position of token_ids[0] in the sequence
+    wants_logits: bool
+
+
+def check_supported(config) -> None:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model type {model_type!r} is not supported by the in-flight runner; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if getattr(config, "use_sliding_window", False) or (
+        model_type == "mistral" and getattr(config, "sliding_window", None)
+    ):
+        raise ValueError("sliding-window attention is not supported by the in-flight runner")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class ModelRunner:
+    def __init__(self, model, num_slots: int, max_model_len: int):
+        check_supported(model.config)
+        self.model = model
+        self.config = model.config
+        base = model.model
+        self.embed = base.embed_tokens
+        self.layers = list(base.layers)
+        self.norm = base.norm
+        self.rotary = base.rotary_emb
+        self.lm_head = model.lm_head
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.num_heads = self.config.num_attention_heads
+        self.num_kv_heads = self.config.num_key_value_heads
+        self.scaling = attn.scaling
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.max_model_len = max_model_len
+        self.cache = SlotKVCache(len(self.layers), num_slots, max_model_len, self.num_kv_heads,
+                                 self.head_dim, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
+        ids, positions, slots, bounds = [], [], [], []
+        offset = 0
+        for c in chunks:
+            n = len(c.token_ids)
+            ids.extend(c.token_ids)
+            positions.extend(range(c.start, c.start + n))
+            slots.extend([c.slot] * n)
+            bounds.append((offset, n, c.slot, c.start))
+            offset += n
+        dev = self.device
+        ids_t = torch.tensor(ids, device=dev)
+        pos_t = torch.tensor(positions, device=dev)
+        slots_t = torch.tensor(slots, device=dev)
+        hidden = self.embed(ids_t)  # (T, hidden)
+        cos, sin = self.rotary(hidden[None], pos_t[None])
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # (T, 1, head_dim)
+        for layer_idx, layer in enumerate(self.layers):
+            residual = hidden
+            h = layer.input_layernorm(hidden)
+            attn = layer.self_attn
+            q = attn.q_proj(h).view(-1, self.num_heads, self.head_dim)
+            k = attn.k_proj(h).view(-1, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(h).view(-1, self.num_kv_heads, self.head_dim)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.cache.write(layer_idx, slots_t, pos_t, k, v)
+            out = torch.empty_like(q)
+            for off, n, slot, start in bounds:
+                out[off:off + n] = self._attend(q[off:off + n], layer_idx, slot, start, n)
+            hidden = residual + attn.o_proj(out.view(-1, self.num_heads * self.head_dim))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        last = [off + n - 1 for (off, n, _, _), c in zip(bounds, chunks) if c.wants_logits]
+        if not last:
+            return torch.empty(0, self.config.vocab_size)
+        picked = self.norm(hidden[torch.tensor(last, device=dev)])
+        return self.lm_head(picked).float()
+
+    def _attend(self, q: torch.Tensor, layer_idx: int, slot: int, start: int, n: int) -> torch.Tensor:
+        """Attention of n new queries (n, heads, dim) over the slot's first start + n keys."""
+        length = start + n
+        k, v = self.cache.view(layer_idx, slot, length)
+        mask, causal = None, False
+        if n > 1 and start == 0:
+            causal = True
+        elif n > 1:  # a prompt chunk after earlier chunks: causal with an offset
+            rows = torch.arange(start, length, device=q.device)[:, None]
+            mask = torch.arange(length, device=q.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k, v, attn_mask=mask, is_causal=causal, scale=self.scaling,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out.transpose(0, 1)
+
+    def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:
+        """One decode step for every slot at the given lengths: the runner's speed limit (benchmarks)."""
+        chunks = [Chunk(slot, [0], length, True) for slot, length in enumerate(lengths)]
+        return self.forward(chunks)

@@ -1,0 +1,72 @@
+"""Per-row sampling for one batch: every row keeps its own parameters and random generator.
+
+Greedy rows take one batched argmax. Sampled rows draw from their own `torch.Generator`, so a
+request with a seed gives the same text whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tritonllm.engine.sequence import Sequence
+
+
+def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """Repetition penalty (HF/CTRL rule, prompt and output) and presence/frequency (vLLM rule, output)."""
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.prompt_ids) | set(seq.output_ids)), device=logits.device)
+        picked = logits[seen]
+        logits[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+    if seq.output_ids and (p.presence_penalty or p.frequency_penalty):
+        counts = torch.bincount(torch.tensor(seq.output_ids, device=logits.device), minlength=logits.shape[-1])
+        logits -= p.frequency_penalty * counts[: logits.shape[-1]] + p.presence_penalty * (counts > 0)[: logits.shape[-1]]
+    return logits
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside top-k and outside the top-p nucleus to -inf (one row)."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the best token stays.
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: set[int]):
+        self.eos_token_ids = eos_token_ids
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One new token id per row of `logits` (float32, rows, vocab)."""
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if p.needs_penalties:
+                apply_penalties(logits[row], seq)
+            if len(seq.output_ids) < p.min_tokens:
+                banned = list((set() if p.ignore_eos else self.eos_token_ids) | set(p.stop_token_ids))
+                if banned:
+                    logits[row, banned] = float("-inf")
+        tokens = logits.argmax(-1).tolist()
+        for row, seq in enumerate(seqs):
+            p = seq.params
+            if p.greedy:
+                continue
+            row_logits = filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
+            probs = row_logits.softmax(-1)
+            tokens[row] = int(torch.multinomial(probs, 1, generator=seq.generator).item())
+        return tokens
+
+    @staticmethod
+    def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        return generator

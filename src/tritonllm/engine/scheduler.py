@@ -1,0 +1,125 @@
+"""Token-level scheduler: decides, every step, which tokens of which sequences go into the forward.
+
+Pure Python (no torch), so it is tested on its own. Each step:
+1. every running sequence that is decoding gets one token;
+2. running sequences still in (chunked) prefill get their next prompt chunk;
+3. waiting sequences are admitted first-come first-served while a slot is free,
+all under `max_num_batched_tokens`. A slot holds a whole sequence (prompt + max_tokens), so an
+admitted sequence never runs out of KV room and nothing needs preempting.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from tritonllm.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 16  # slots: sequences in one forward
+    max_model_len: int = 2048  # prompt + generated tokens of one sequence
+    max_num_batched_tokens: int = 512  # tokens in one forward (decodes + prefill chunks)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}) so that every running sequence can decode each step"
+            )
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # first token position computed in this step
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's last known token, so a new token is sampled."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free_slots: list[int] = list(range(config.max_num_seqs - 1, -1, -1))
+
+    def check_fits(self, seq: Sequence) -> None:
+        """Raise ValueError if the sequence could never run."""
+        if seq.num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if seq.max_total_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({seq.num_prompt} tokens) + max_tokens ({seq.params.max_tokens}) = "
+                f"{seq.max_total_tokens} exceeds max_model_len ({self.config.max_model_len})"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq)
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.config.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        decoding = [s for s in self.running if not s.in_prefill]
+        prefilling = [s for s in self.running if s.in_prefill]
+        for seq in decoding:
+            chunks.append(ScheduledChunk(seq, seq.num_computed, seq.num_tokens - seq.num_computed))
+            budget -= chunks[-1].num_tokens
+        for seq in prefilling:
+            if budget <= 0:
+                break
+            chunks.append(self._prefill_chunk(seq, budget))
+            budget -= chunks[-1].num_tokens
+        while self.waiting and self.free_slots and budget > 0:
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            chunks.append(self._prefill_chunk(seq, budget))
+            budget -= chunks[-1].num_tokens
+        return chunks
+
+    @staticmethod
+    def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledChunk:
+        return ScheduledChunk(seq, seq.num_computed, min(seq.num_prompt - seq.num_computed, budget))
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark finished and give its slot back at once; nothing is copied."""
+        if seq.finished:
+            return
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq.slot is not None:
+            self.free_slots.append(seq.slot)
+            seq.slot = None
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)

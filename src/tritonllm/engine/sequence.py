@@ -1,0 +1,78 @@
+"""One request's state as it moves through the engine, and what the engine reports for it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tritonllm.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """What a request gets after a step: only what is new since the last output."""
+
+    request_id: str
+    text: str  # new text since the previous output
+    token_ids: list[int]  # new token ids since the previous output
+    finished: bool
+    finish_reason: str | None  # stop | length | abort | error
+    num_prompt_tokens: int
+    num_output_tokens: int
+    arrival_time: float
+    first_token_time: float | None
+    token_times: list[float]  # times of the new tokens
+    error: str | None = None
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    callback: Callable[[RequestOutput], None] | None = None
+    arrival_time: float = field(default_factory=time.perf_counter)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    num_computed: int = 0  # tokens whose keys/values are in the cache
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    # Filled by the engine: incremental detokenizer and sampling generator.
+    detokenizer: object | None = None
+    generator: object | None = None
+    sent_tokens: int = 0  # output tokens already reported
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.num_prompt
+
+    @property
+    def max_total_tokens(self) -> int:
+        """KV room this sequence can ever need: prompt plus every token it may generate."""
+        return self.num_prompt + self.params.max_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

