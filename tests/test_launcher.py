@@ -137,8 +137,10 @@ def test_slow_model_times_out_and_leaves_nothing(tmp_path):
     with pytest.raises(ServerStartError, match="not ready after 3 s"):
         server.start()
     assert server.process is None
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if str(repo) in " ".join(p.info["cmdline"] or [])]
+    left = [(p.pid, p.info["name"], p.info["status"])
+            for p in psutil.process_iter(["cmdline", "name", "status"])
+            if str(repo) in " ".join(p.info["cmdline"] or [])]
+    assert not left
 
 
 def test_parse_load_failures_from_model_table():

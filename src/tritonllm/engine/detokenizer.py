@@ -48,11 +48,14 @@ class OutputText:
         self.released = 0  # characters already handed out
         self.stopped = False
 
-    def add(self, token_id: int) -> bool:
-        """Add a token; return True if a stop string appeared (the text is then cut before it)."""
+    def add(self, token_id: int, check_stop: bool = True) -> bool:
+        """Add a token; return True if a stop string appeared (the text is then cut before it).
+
+        With check_stop False (before min_tokens, as in vLLM) stop strings are not looked for.
+        """
         before = len(self.text)
         self.text += self.detokenizer.add(token_id)
-        if not self.stop or len(self.text) == before:
+        if not self.stop or not check_stop or len(self.text) == before:
             return False
         search_from = max(0, before - self.holdback)
         hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]

@@ -157,11 +157,10 @@ class LLMEngine:
         if seq.first_token_time is None:
             seq.first_token_time = now
         p = seq.params
-        if token in p.stop_token_ids and len(seq.output_ids) >= p.min_tokens:
+        may_stop = len(seq.output_ids) >= p.min_tokens
+        if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.sampler.eos_token_ids)):
             return "stop"
-        if not p.ignore_eos and token in self.sampler.eos_token_ids and len(seq.output_ids) >= p.min_tokens:
-            return "stop"
-        if seq.detokenizer.add(token) and len(seq.output_ids) >= p.min_tokens:
+        if seq.detokenizer.add(token, check_stop=may_stop):
             return "stop"
         if len(seq.output_ids) >= p.max_tokens:
             return "length"

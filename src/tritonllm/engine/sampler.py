@@ -42,6 +42,7 @@ class Sampler:
     def __init__(self, eos_token_ids: set[int]):
         self.eos_token_ids = eos_token_ids
 
+    @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """One new token id per row of `logits` (float32, rows, vocab)."""
         for row, seq in enumerate(seqs):

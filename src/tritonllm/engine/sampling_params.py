@@ -7,6 +7,7 @@ is coerced to its own type, and a wrong type or out-of-range value raises `Value
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -92,10 +93,12 @@ def _to_int(key: str, value: Any) -> int:
 def _to_float(key: str, value: Any) -> float:
     if isinstance(value, (int, float, str, bytes)) and not isinstance(value, bool):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            pass
-    _fail(key, value, "a number")
+            number = math.nan
+        if math.isfinite(number):
+            return number
+    _fail(key, value, "a finite number")
 
 
 def _to_bool(key: str, value: Any) -> bool:

@@ -33,7 +33,7 @@ class RequestOutput:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity
 class Sequence:
     request_id: str
     prompt_ids: list[int]

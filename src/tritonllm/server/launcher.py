@@ -74,11 +74,13 @@ def prepare_triton_home(dest: Path | None = None) -> Path:
         for exe in (stub, tmp / "bin" / "tritonserver"):
             exe.chmod(0o755)
         (tmp / _COMPLETE).write_text(f"python {PYVER}\n")
-        if dest.exists():  # stale incomplete copy
-            shutil.rmtree(dest)
-        os.rename(tmp, dest)
+        if not (dest / _COMPLETE).exists():  # else another process finished first
+            if dest.exists():  # stale incomplete copy
+                shutil.rmtree(dest)
+            os.rename(tmp, dest)
     except OSError:
-        if not (dest / _COMPLETE).exists():  # lost no race: a real error
+        # rename fails if another process created dest meanwhile; fine if complete
+        if not (dest / _COMPLETE).exists():
             raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -295,6 +297,10 @@ class TritonServer:
         _signal_group(pgid, signal.SIGKILL)
         proc.wait()
         self.process = None
+        # killpg returns before the targets are gone: wait until the group is empty.
+        deadline = time.monotonic() + 5
+        while _signal_group(pgid, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -306,11 +312,13 @@ class TritonServer:
         self.stop()
 
 
-def _signal_group(pgid: int, sig: int) -> None:
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal a process group; False if it has no members left."""
     try:
         os.killpg(pgid, sig)
+        return True
     except ProcessLookupError:
-        pass
+        return False
 
 
 def repository_index(server: TritonServer) -> list[dict]:

@@ -1,0 +1,57 @@
+"""`llm_dynamic` and `llm_static`: request-level batching by Triton's dynamic batcher.
+
+Triton hands `execute()` up to max_batch_size requests; they run together, with the same model
+runner and sampler as the in-flight engine, until the longest one ends. Rows that finish early
+stop sampling, but nothing joins until the whole batch is done: that is the scheme being
+compared. Only `dynamic_batching` in config.pbtxt differs between the two models.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
+from tritonllm.models import load_model
+from tritonllm.triton import pb
+from tritonllm.triton.request import RequestError
+
+
+class BatchedModel:
+    def initialize(self, args):
+        params = pb.model_parameters(args)
+        self.model_name = args["model_name"]
+        max_batch_size = json.loads(args["model_config"])["max_batch_size"]
+        model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
+        self.engine = LLMEngine(model, tokenizer, pb.engine_config(params, max_num_seqs=max_batch_size))
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        batch = []  # (index, parsed request, request id)
+        for i, request in enumerate(requests):
+            try:
+                req = pb.read_request(request)
+                if req.stream:
+                    raise RequestError(f"{self.model_name} cannot stream (it answers when its batch ends); "
+                                       "send stream=false, or use llm_inflight")
+                batch.append((i, req, self.engine.add_request(req.prompt, req.params)))
+            except ValueError as exc:
+                responses[i] = pb.error_response(str(exc))
+        outputs = {}
+        for out in self._run_batch():
+            outputs.setdefault(out.request_id, []).append(out)
+        for i, req, request_id in batch:
+            out = merge_outputs(outputs[request_id])
+            if out.error:
+                responses[i] = pb.error_response(out.error)
+                continue
+            text = req.prompt + out.text if req.echo_prompt else out.text
+            responses[i] = pb.output_response(req, text, out, out.num_output_tokens, batched=True)
+        return responses
+
+    def _run_batch(self):
+        """Step the engine until every request of this batch has finished."""
+        while self.engine.has_unfinished():
+            yield from self.engine.step()
+
+    def finalize(self):
+        pass

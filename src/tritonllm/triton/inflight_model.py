@@ -1,0 +1,145 @@
+"""`llm_inflight`: a decoupled Python-backend model driving the in-flight batching engine.
+
+`execute()` only parses and enqueues: each request joins the running batch at the next token
+step. The engine thread owns all model state and hands each step's outputs to a queue; a sender
+thread turns them into Triton responses, polls cancellation and updates metrics, so the engine
+never waits on the network. Every request gets exactly one FINAL flag: on success, error,
+cancellation and unload.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.sequence import RequestOutput
+from tritonllm.models import load_model
+from tritonllm.triton import pb
+from tritonllm.triton.metrics import InflightMetrics
+from tritonllm.triton.request import GenerateRequest, RequestError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenRequest:
+    request_id: str
+    req: GenerateRequest
+    sender: object
+    request: object  # kept so that cancellation can be polled
+    text: list[str] = field(default_factory=list)  # accumulated when not streaming
+    closed: bool = False
+
+
+class InflightModel:
+    def initialize(self, args):
+        params = pb.model_parameters(args)
+        model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
+        self.engine = LLMEngine(model, tokenizer, pb.engine_config(params))
+        self.max_queue_size = int(params.get("max_queue_size", "256"))
+        self.metrics = InflightMetrics(args["model_name"], self.engine)
+        self.open: dict[str, OpenRequest] = {}
+        self.outbox: queue.Queue[RequestOutput | None] = queue.Queue()
+        self.engine.start()
+        self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
+        self.sender_thread.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                req = pb.read_request(request)
+            except RequestError as exc:
+                sender.send(pb.error_response(str(exc)), flags=pb.final_flag())
+                continue
+            if self.engine.num_waiting >= self.max_queue_size:
+                sender.send(pb.unavailable_response(
+                    f"llm_inflight queue is full ({self.max_queue_size} waiting requests); retry later"), flags=pb.final_flag())
+                continue
+            request_id = f"{id(request)}-{time.monotonic_ns()}"
+            self.open[request_id] = OpenRequest(request_id, req, sender, request)
+            try:
+                self.engine.add_request(req.prompt, req.params, self.outbox.put, request_id)
+            except ValueError as exc:
+                self.open.pop(request_id, None)
+                sender.send(pb.error_response(str(exc)), flags=pb.final_flag())
+        return None
+
+    def _send_loop(self) -> None:
+        while True:
+            try:
+                out = self.outbox.get(timeout=0.05)
+            except queue.Empty:
+                self._poll_cancelled()
+                self.metrics.update_gauges()
+                continue
+            if out is None:
+                return
+            try:
+                self._send(out)
+            except Exception:
+                log.exception("sending a response for %s failed", out.request_id)
+            if self.outbox.empty():
+                self._poll_cancelled()
+                self.metrics.update_gauges()
+
+    def _send(self, out: RequestOutput) -> None:
+        state = self.open.get(out.request_id)
+        if state is None or state.closed:
+            return
+        if out.finished:
+            self.metrics.observe_finished(out)
+        if out.finish_reason == "abort" and self._cancelled(state):
+            self._close(state, None)
+            return
+        if out.error or out.finish_reason == "abort":
+            reason = out.error or "llm_inflight is unloading; the request was not finished"
+            self._close(state, pb.unavailable_response(reason) if not out.error else pb.error_response(reason))
+            return
+        if state.req.stream:
+            if out.text or out.token_ids or out.finished:
+                response = pb.output_response(state.req, out.text, out, len(out.token_ids))
+                if out.finished:
+                    self._close(state, response)
+                else:
+                    state.sender.send(response)
+            return
+        state.text.append(out.text)
+        if out.finished:
+            text = "".join(state.text)
+            if state.req.echo_prompt:
+                text = state.req.prompt + text
+            self._close(state, pb.output_response(state.req, text, out, out.num_output_tokens))
+
+    def _close(self, state: OpenRequest, response) -> None:
+        """Send the one FINAL flag of a request (with a last response, or without)."""
+        state.closed = True
+        self.open.pop(state.request_id, None)
+        if response is None:
+            state.sender.send(flags=pb.final_flag())
+        else:
+            state.sender.send(response, flags=pb.final_flag())
+
+    @staticmethod
+    def _cancelled(state: OpenRequest) -> bool:
+        try:
+            return bool(state.request.is_cancelled())
+        except Exception:  # the request is gone
+            return True
+
+    def _poll_cancelled(self) -> None:
+        for request_id, state in list(self.open.items()):
+            if not state.closed and self._cancelled(state):
+                self.engine.abort(request_id)
+
+    def finalize(self):
+        self.engine.shutdown()  # every open request gets a last output with reason `abort`
+        self.outbox.put(None)
+        self.sender_thread.join(timeout=10)
+        for state in list(self.open.values()):
+            if not state.closed:
+                self._close(state, pb.unavailable_response("llm_inflight is unloading"))

@@ -1,0 +1,71 @@
+"""Prometheus metrics of `llm_inflight`, exported through Triton's metrics port (`/metrics`).
+
+Updated from the sender thread, never from the engine's stepping thread. Counters follow the
+engine's cumulative stats, so a scraper gets rates (tokens/s) and slot utilisation over any
+window: d(generation_tokens) / d(slot_steps).
+"""
+
+from __future__ import annotations
+
+from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.sequence import RequestOutput
+from tritonllm.triton.pb import pb_utils
+
+LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0]
+TOKEN_GAP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0]
+
+
+class InflightMetrics:
+    def __init__(self, model_name: str, engine: LLMEngine):
+        self.engine = engine
+        Family = pb_utils.MetricFamily  # set by the stub after model.py is imported: look it up here
+        labels = {"model": model_name}
+        self.counters = {  # engine stat name -> counter
+            "prompt_tokens": self._metric("tritonllm_prompt_tokens_total", "Prompt tokens prefilled", Family.COUNTER, labels),
+            "tokens_generated": self._metric("tritonllm_generation_tokens_total", "Tokens generated", Family.COUNTER, labels),
+            "decode_steps": self._metric("tritonllm_steps_total", "Engine steps that generated tokens", Family.COUNTER, labels),
+            "slot_steps": self._metric("tritonllm_slot_steps_total", "Slots x steps: token capacity offered", Family.COUNTER, labels),
+        }
+        self.seen = {name: 0 for name in self.counters}
+        self.running = self._metric("tritonllm_num_requests_running", "Sequences in the running batch", Family.GAUGE, labels)
+        self.waiting = self._metric("tritonllm_num_requests_waiting", "Requests waiting for a slot", Family.GAUGE, labels)
+        self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache slots in use (0-1)", Family.GAUGE, labels)
+        self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
+                                        "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
+        self.ttft = self._histogram("tritonllm_time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS)
+        self.tpot = self._histogram("tritonllm_time_per_output_token_seconds", "Time per output token after the first",
+                                    labels, TOKEN_GAP_BUCKETS)
+        self.e2e = self._histogram("tritonllm_e2e_request_latency_seconds", "Arrival to last token", labels, LATENCY_BUCKETS)
+
+    @staticmethod
+    def _metric(name, description, kind, labels):
+        return pb_utils.MetricFamily(name=name, description=description, kind=kind).Metric(labels=labels)
+
+    @staticmethod
+    def _histogram(name, description, labels, buckets):
+        Family = pb_utils.MetricFamily
+        if not hasattr(Family, "HISTOGRAM"):  # Triton before 24.07
+            return None
+        return Family(name=name, description=description, kind=Family.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+
+    def update_gauges(self) -> None:
+        stats = self.engine.stats
+        for name, counter in self.counters.items():
+            value = getattr(stats, name)
+            if value > self.seen[name]:
+                counter.increment(value - self.seen[name])
+                self.seen[name] = value
+        running = self.engine.num_running
+        self.running.set(running)
+        self.waiting.set(self.engine.num_waiting)
+        self.kv_usage.set(running / self.engine.config.max_num_seqs)
+        self.utilisation.set(stats.slot_utilisation)
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        if self.ttft is None or out.first_token_time is None:
+            return
+        last = out.token_times[-1] if out.token_times else out.first_token_time
+        self.ttft.observe(out.first_token_time - out.arrival_time)
+        self.e2e.observe(last - out.arrival_time)
+        if out.num_output_tokens > 1:
+            self.tpot.observe((last - out.first_token_time) / (out.num_output_tokens - 1))

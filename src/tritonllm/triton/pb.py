@@ -1,0 +1,82 @@
+"""Glue to Triton's Python backend (`triton_python_backend_utils`), shared by the three models.
+
+Imported only inside a Triton Python-backend stub, where that module exists.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonllm.engine.scheduler import SchedulerConfig
+from tritonllm.engine.sequence import RequestOutput
+from tritonllm.triton.request import OPTIONAL_INPUTS, GenerateRequest, RequestError, parse_request
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The `parameters { key: ... value { string_value: ... } }` of config.pbtxt as a dict."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def engine_config(params: dict[str, str], max_num_seqs: int | None = None) -> SchedulerConfig:
+    """Engine knobs from config.pbtxt parameters (vLLM's names)."""
+    defaults = SchedulerConfig()
+    return SchedulerConfig(
+        max_num_seqs=max_num_seqs or int(params.get("max_num_seqs", defaults.max_num_seqs)),
+        max_model_len=int(params.get("max_model_len", defaults.max_model_len)),
+        max_num_batched_tokens=int(params.get("max_num_batched_tokens", defaults.max_num_batched_tokens)),
+    )
+
+
+def read_request(request) -> GenerateRequest:
+    """Parse one Triton request into the shared contract; raises RequestError."""
+    inputs = {}
+    for name in ("text_input", *OPTIONAL_INPUTS):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            inputs[name] = tensor.as_numpy()
+    return parse_request(inputs, request.parameters())
+
+
+def _string(value: str, batched: bool) -> np.ndarray:
+    array = np.array([value.encode("utf-8")], dtype=np.object_)
+    return array.reshape(1, 1) if batched else array
+
+
+def _count(value: int, batched: bool) -> np.ndarray:
+    array = np.array([value], dtype=np.uint32)
+    return array.reshape(1, 1) if batched else array
+
+
+def output_response(req: GenerateRequest, text: str, out: RequestOutput, num_new_tokens: int,
+                    batched: bool = False):
+    """An InferenceResponse with `text_output` and the outputs the request asked for."""
+    tensors = [pb_utils.Tensor("text_output", _string(text, batched))]
+    if req.return_finish_reason:
+        tensors.append(pb_utils.Tensor("finish_reason", _string(out.finish_reason or "", batched)))
+    if req.return_num_input_tokens:
+        tensors.append(pb_utils.Tensor("num_input_tokens", _count(out.num_prompt_tokens, batched)))
+    if req.return_num_output_tokens:
+        tensors.append(pb_utils.Tensor("num_output_tokens", _count(num_new_tokens, batched)))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def final_flag() -> int:
+    """The flag that ends a decoupled request's responses (looked up late: the stub sets it)."""
+    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def error_response(message: str, code=None):
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+
+
+def unavailable_response(message: str):
+    return error_response(message, pb_utils.TritonError.UNAVAILABLE)
+
+
+__all__ = ["RequestError", "engine_config", "error_response", "model_parameters", "output_response",
+           "read_request", "unavailable_response", "pb_utils"]

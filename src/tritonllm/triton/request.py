@@ -1,0 +1,152 @@
+"""The request contract shared by all three models: Triton's vLLM backend interface plus the
+TensorRT-LLM ensemble's optional scalar inputs.
+
+Pure Python over numpy arrays, so it is tested without a server. Sampling values are merged in
+this order, later winning: request parameters (HTTP generate puts unknown JSON keys there), the
+TensorRT-LLM scalar inputs, then the `sampling_parameters` JSON input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tritonllm.engine.sampling_params import SamplingParams
+
+FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
+               "return_num_input_tokens", "return_num_output_tokens")
+
+# TensorRT-LLM ensemble input name -> vLLM sampling key.
+TRTLLM_SCALARS = {
+    "max_tokens": "max_tokens",
+    "min_length": "min_tokens",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "random_seed": "seed",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "stop_words": "stop",
+}
+
+# Every input a model of this repository declares besides text_input (see config.pbtxt).
+OPTIONAL_INPUTS = ("sampling_parameters", *FLAG_INPUTS, *TRTLLM_SCALARS)
+
+
+class RequestError(ValueError):
+    """A request the model cannot serve; the message names what is wrong."""
+
+
+@dataclass
+class GenerateRequest:
+    prompt: str
+    params: SamplingParams
+    stream: bool = False
+    exclude_input_in_output: bool | None = None
+    return_finish_reason: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+
+    @property
+    def echo_prompt(self) -> bool:
+        """vLLM's rule: the prompt is echoed unless excluded, or unless streaming when not said."""
+        if self.exclude_input_in_output is None:
+            return not self.stream
+        return not self.exclude_input_in_output
+
+
+def parse_request(inputs: dict[str, np.ndarray], parameters: dict[str, Any] | str | None = None) -> GenerateRequest:
+    """Build a GenerateRequest from input arrays (by name) and request parameters; raise RequestError."""
+    try:
+        return _parse(inputs, _parameters(parameters))
+    except RequestError:
+        raise
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+
+
+def _parse(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> GenerateRequest:
+    if "text_input" not in inputs:
+        raise RequestError("missing required input 'text_input'")
+    prompt = _text(inputs["text_input"], "text_input")
+    flags = {name: _flag(inputs[name], name) for name in FLAG_INPUTS if name in inputs}
+    sampling: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if key.startswith("triton_"):
+            continue  # Triton's own request parameters
+        if key in FLAG_INPUTS:
+            flags.setdefault(key, _coerce_flag(value, key))
+        elif key in TRTLLM_SCALARS:
+            sampling[TRTLLM_SCALARS[key]] = value
+        else:
+            sampling[key] = value  # SamplingParams names unknown keys
+    for name, key in TRTLLM_SCALARS.items():
+        if name in inputs:
+            sampling[key] = _scalar(inputs[name], name)
+    if "sampling_parameters" in inputs:
+        text = _text(inputs["sampling_parameters"], "sampling_parameters")
+        if text.strip():
+            try:
+                values = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise RequestError(f"sampling_parameters is not valid JSON: {exc}") from None
+            if not isinstance(values, dict):
+                raise RequestError("sampling_parameters must be a JSON object")
+            sampling.update(values)
+    return GenerateRequest(prompt=prompt, params=SamplingParams.from_dict(sampling), **flags)
+
+
+def _parameters(parameters: dict[str, Any] | str | None) -> dict[str, Any]:
+    if not parameters:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except json.JSONDecodeError as exc:
+            raise RequestError(f"request parameters are not valid JSON: {exc}") from None
+    return dict(parameters)
+
+
+def _first(array: np.ndarray, name: str):
+    flat = np.asarray(array).reshape(-1)
+    if flat.size == 0:
+        raise RequestError(f"input {name!r} is empty")
+    return flat[0]
+
+
+def _text(array: np.ndarray, name: str) -> str:
+    value = _first(array, name)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"input {name!r} is not valid UTF-8: {exc}") from None
+    if isinstance(value, str):
+        return value
+    raise RequestError(f"input {name!r} must be a string")
+
+
+def _flag(array: np.ndarray, name: str) -> bool:
+    return _coerce_flag(_first(array, name), name)
+
+
+def _coerce_flag(value: Any, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise RequestError(f"input {name!r} must be a boolean, got {value!r}")
+
+
+def _scalar(array: np.ndarray, name: str) -> Any:
+    if name == "stop_words":  # a list of strings
+        flat = np.asarray(array).reshape(-1)
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in flat]
+    value = _first(array, name)
+    return value.item() if hasattr(value, "item") else value

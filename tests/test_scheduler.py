@@ -1,0 +1,297 @@
+"""Properties of the token-level scheduler, checked over randomized workloads (pure Python).
+
+Steps are simulated the way the engine drives the scheduler: every scheduled chunk advances
+`seq.num_computed`; a chunk that reaches the sequence's last known token "samples" a fake token;
+a sequence finishes by length, by a random early stop, or by a random abort.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
+from tritonllm.engine.sequence import Sequence, Status
+
+
+def make_seq(name: str, prompt_len: int, max_tokens: int) -> Sequence:
+    return Sequence(name, list(range(100, 100 + prompt_len)), SamplingParams(max_tokens=max_tokens))
+
+
+def apply_step(sched: Scheduler, chunks, rng: random.Random | None = None, stop_prob: float = 0.0) -> list[Sequence]:
+    """Advance like the engine does; return the sequences that finished in this step."""
+    sampling = [c.seq for c in chunks if c.samples]  # evaluated before any mutation
+    for c in chunks:
+        c.seq.num_computed += c.num_tokens
+    done = []
+    for seq in sampling:
+        seq.output_ids.append(7)
+        if len(seq.output_ids) >= seq.params.max_tokens:
+            sched.finish(seq, "length")
+            done.append(seq)
+        elif rng is not None and rng.random() < stop_prob:
+            sched.finish(seq, "stop")
+            done.append(seq)
+    return done
+
+
+def check_slots(sched: Scheduler, cfg: SchedulerConfig) -> None:
+    slots = [s.slot for s in sched.running]
+    assert all(s is not None and 0 <= s < cfg.max_num_seqs for s in slots), slots
+    assert len(set(slots)) == len(slots), f"a slot is held by two running sequences: {slots}"
+    assert not set(slots) & set(sched.free_slots), (slots, sched.free_slots)
+    assert len(sched.free_slots) == len(set(sched.free_slots)), f"a slot is free twice: {sched.free_slots}"
+    assert sorted(slots + sched.free_slots) == list(range(cfg.max_num_seqs)), "a slot leaked or was duplicated"
+    assert len(sched.running) <= cfg.max_num_seqs
+    for s in sched.running:
+        assert s.status is Status.RUNNING
+    for s in sched.waiting:
+        assert s.status is Status.WAITING and s.slot is None
+
+
+def run_random_workload(seed: int, steps: int = 300):
+    rng = random.Random(seed)
+    num_seqs = rng.randint(1, 6)
+    budget = rng.randint(num_seqs, num_seqs + 40)
+    cfg = SchedulerConfig(max_num_seqs=num_seqs, max_model_len=rng.randint(20, 120), max_num_batched_tokens=budget)
+    sched = Scheduler(cfg)
+    added: list[Sequence] = []
+    admitted: list[Sequence] = []
+    aborted_waiting: set[int] = set()
+    counter = 0
+    for step in range(steps):
+        # Arrivals in bursts, more of them early on; none in the last third so everything can drain.
+        if step < 2 * steps // 3:
+            for _ in range(rng.choice([0, 0, 0, 1, 1, 2, 4])):
+                prompt_len = rng.randint(1, cfg.max_model_len - 1)
+                max_tokens = rng.randint(1, cfg.max_model_len - prompt_len)
+                seq = make_seq(f"r{counter}", prompt_len, max_tokens)
+                counter += 1
+                sched.add(seq)
+                added.append(seq)
+        # Occasional aborts of running or waiting sequences.
+        if rng.random() < 0.05 and (sched.running or sched.waiting):
+            victim = rng.choice(list(sched.running) + list(sched.waiting))
+            if victim.status is Status.WAITING:
+                aborted_waiting.add(id(victim))
+            sched.finish(victim, "abort")
+            assert victim.finished and victim.finish_reason == "abort" and victim.slot is None
+            check_slots(sched, cfg)
+
+        was_running = {id(s) for s in sched.running}
+        decoding_before = [s for s in sched.running if not s.in_prefill]
+        prefilling_before = [s for s in sched.running if s.in_prefill]
+        chunks = sched.schedule()
+
+        # Token budget.
+        total = sum(c.num_tokens for c in chunks)
+        assert total <= cfg.max_num_batched_tokens, f"step {step}: {total} tokens > budget {cfg.max_num_batched_tokens}"
+        # Every chunk is real, at the sequence's cache frontier, and one per sequence.
+        ids = [id(c.seq) for c in chunks]
+        assert len(ids) == len(set(ids)), "a sequence got two chunks in one step"
+        for c in chunks:
+            assert c.num_tokens >= 1
+            assert c.start == c.seq.num_computed
+            assert c.start + c.num_tokens <= c.seq.num_tokens
+            assert c.seq.status is Status.RUNNING and c.seq.slot is not None
+            if c.start < c.seq.num_prompt:  # a prefill chunk stays inside the prompt
+                assert c.start + c.num_tokens <= c.seq.num_prompt
+        # Every decoding sequence gets exactly one token every step.
+        by_seq = {id(c.seq): c for c in chunks}
+        for s in decoding_before:
+            assert id(s) in by_seq, f"step {step}: running decode {s.request_id} got no token"
+            assert by_seq[id(s)].num_tokens == 1
+        # A running prefill always makes progress (there is always budget left for it).
+        if prefilling_before:
+            assert any(id(s) in by_seq for s in prefilling_before), f"step {step}: prefill starved"
+        # Newly admitted sequences, in admission order.
+        newly = [c.seq for c in chunks if id(c.seq) not in was_running]
+        admitted.extend(newly)
+        # Work conserving: nobody waits while a slot and budget are free.
+        assert not (sched.waiting and sched.free_slots and total < cfg.max_num_batched_tokens), (
+            f"step {step}: a request waits although a slot and {cfg.max_num_batched_tokens - total} tokens are free"
+        )
+        check_slots(sched, cfg)
+        apply_step(sched, chunks, rng, stop_prob=0.05)
+        check_slots(sched, cfg)
+
+    # Drain: no starvation, every request finishes within a bounded number of steps.
+    bound = sum(s.max_total_tokens for s in added) + 10
+    extra = 0
+    while sched.has_work():
+        was_running = {id(s) for s in sched.running}
+        chunks = sched.schedule()
+        assert chunks, "work left but nothing scheduled"
+        admitted.extend(c.seq for c in chunks if id(c.seq) not in was_running)
+        assert sum(c.num_tokens for c in chunks) <= cfg.max_num_batched_tokens
+        apply_step(sched, chunks)
+        check_slots(sched, cfg)
+        extra += 1
+        assert extra <= bound, "requests starve"
+    return added, admitted, aborted_waiting
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_workloads(seed):
+    added, admitted, aborted_waiting = run_random_workload(seed)
+    assert added, "the workload added no request"
+    # FCFS: the admission order is the arrival order (minus those aborted before admission).
+    expected = [s for s in added if id(s) not in aborted_waiting]
+    assert [s.request_id for s in admitted] == [s.request_id for s in expected]
+    # No starvation: every request finished, with a reason, holding no slot.
+    for s in added:
+        assert s.finished, s.request_id
+        assert s.finish_reason in ("length", "stop", "abort")
+        assert s.slot is None
+        if s.finish_reason == "length":
+            assert len(s.output_ids) == s.params.max_tokens
+            assert s.num_computed == s.num_tokens - 1  # the last sampled token is never fed back
+
+
+def test_fcfs_admission_order_with_one_slot():
+    cfg = SchedulerConfig(max_num_seqs=1, max_model_len=64, max_num_batched_tokens=8)
+    sched = Scheduler(cfg)
+    rng = random.Random(3)
+    seqs = [make_seq(f"r{i}", rng.randint(1, 20), rng.randint(1, 5)) for i in range(10)]
+    for s in seqs:
+        sched.add(s)
+    order = []
+    while sched.has_work():
+        chunks = sched.schedule()
+        assert len({c.seq.slot for c in chunks}) == 1
+        for c in chunks:
+            if not order or order[-1] is not c.seq:
+                order.append(c.seq)
+        apply_step(sched, chunks)
+    assert [s.request_id for s in order] == [s.request_id for s in seqs]
+
+
+def test_too_long_request_is_rejected_naming_max_model_len():
+    cfg = SchedulerConfig(max_num_seqs=2, max_model_len=32, max_num_batched_tokens=8)
+    sched = Scheduler(cfg)
+    with pytest.raises(ValueError, match="max_model_len"):
+        sched.add(make_seq("long", 30, 3))  # 33 > 32
+    with pytest.raises(ValueError, match="max_model_len"):
+        sched.add(make_seq("long-prompt", 40, 1))
+    with pytest.raises(ValueError):
+        sched.add(make_seq("empty", 0, 1))
+    assert not sched.has_work()
+    sched.add(make_seq("exact", 29, 3))  # exactly max_model_len fits
+    assert sched.num_waiting == 1
+
+
+def test_chunked_prefill_keeps_decodes_going():
+    cfg = SchedulerConfig(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=8)
+    sched = Scheduler(cfg)
+    short = [make_seq(f"s{i}", 2, 100) for i in range(2)]
+    for s in short:
+        sched.add(s)
+    apply_step(sched, sched.schedule())  # both prefill (2 + 2 tokens) and sample
+    assert all(len(s.output_ids) == 1 for s in short)
+
+    long = make_seq("long", 50, 5)
+    sched.add(long)
+    long_chunks = []
+    steps = 0
+    while long.in_prefill or not long.output_ids:
+        chunks = sched.schedule()
+        by_seq = {c.seq.request_id: c for c in chunks}
+        for s in short:  # decodes get a token every step while the long prompt prefills
+            assert by_seq[s.request_id].num_tokens == 1
+            assert by_seq[s.request_id].samples
+        assert sum(c.num_tokens for c in chunks) <= 8
+        lc = by_seq["long"]
+        long_chunks.append((lc.start, lc.num_tokens, lc.samples))
+        before = [len(s.output_ids) for s in short]
+        apply_step(sched, chunks)
+        assert [len(s.output_ids) for s in short] == [b + 1 for b in before]
+        steps += 1
+        assert steps < 100
+    # The prompt was split into several contiguous chunks covering it exactly; only the last samples.
+    assert len(long_chunks) > 1
+    pos = 0
+    for start, n, samples in long_chunks:
+        assert start == pos and n <= 8 - len(short)
+        pos += n
+    assert pos == 50
+    assert [s for _, _, s in long_chunks] == [False] * (len(long_chunks) - 1) + [True]
+    assert len(long.output_ids) == 1
+
+
+def test_long_prompt_is_chunked_by_budget_alone():
+    cfg = SchedulerConfig(max_num_seqs=2, max_model_len=100, max_num_batched_tokens=16)
+    sched = Scheduler(cfg)
+    seq = make_seq("a", 40, 1)
+    sched.add(seq)
+    sizes = []
+    while seq.in_prefill:
+        chunks = sched.schedule()
+        sizes.append(sum(c.num_tokens for c in chunks))
+        apply_step(sched, chunks)
+    assert sizes == [16, 16, 8]
+    assert seq.finished and seq.finish_reason == "length"
+
+
+def test_aborted_slot_is_reused_next_schedule():
+    cfg = SchedulerConfig(max_num_seqs=2, max_model_len=64, max_num_batched_tokens=16)
+    sched = Scheduler(cfg)
+    a, b, c = (make_seq(n, 3, 20) for n in "abc")
+    for s in (a, b, c):
+        sched.add(s)
+    apply_step(sched, sched.schedule())
+    assert [s.status for s in (a, b, c)] == [Status.RUNNING, Status.RUNNING, Status.WAITING]
+    freed = b.slot
+    sched.finish(b, "abort")
+    assert b.finished and b.finish_reason == "abort" and b.slot is None
+    chunks = sched.schedule()
+    assert c.status is Status.RUNNING and c.slot == freed
+    assert any(ch.seq is c for ch in chunks), "the waiting request was not scheduled in the freed slot"
+    assert all(ch.seq is not b for ch in chunks)
+    # Finishing twice is harmless and does not free the slot twice.
+    sched.finish(b, "abort")
+    assert len(sched.free_slots) == 0
+
+
+def test_abort_waiting_request():
+    cfg = SchedulerConfig(max_num_seqs=1, max_model_len=64, max_num_batched_tokens=16)
+    sched = Scheduler(cfg)
+    a, b, c = (make_seq(n, 3, 2) for n in "abc")
+    for s in (a, b, c):
+        sched.add(s)
+    sched.schedule()
+    sched.finish(b, "abort")
+    assert b.finished and sched.num_waiting == 1
+    sched.finish(a, "abort")
+    chunks = sched.schedule()
+    assert [ch.seq.request_id for ch in chunks] == ["c"]
+
+
+def test_find():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=1, max_model_len=64, max_num_batched_tokens=16))
+    a, b = make_seq("a", 3, 2), make_seq("b", 3, 2)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    assert sched.find("a") is a and sched.find("b") is b and sched.find("zzz") is None
+    sched.finish(a, "abort")
+    assert sched.find("a") is None
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_num_seqs=8, max_num_batched_tokens=7),
+    dict(max_num_seqs=0),
+    dict(max_model_len=0),
+    dict(max_num_batched_tokens=0),
+])
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError):
+        SchedulerConfig(**kwargs)
+
+
+def test_config_budget_error_names_both_settings():
+    with pytest.raises(ValueError, match="max_num_batched_tokens") as info:
+        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=7)
+    assert "max_num_seqs" in str(info.value)
+    SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8)  # equal is fine
