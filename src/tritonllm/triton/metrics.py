@@ -18,6 +18,7 @@ TOKEN_GAP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 
 class InflightMetrics:
     def __init__(self, model_name: str, engine: LLMEngine):
         self.engine = engine
+        self.families = []
         Family = pb_utils.MetricFamily  # set by the stub after model.py is imported: look it up here
         labels = {"model": model_name}
         self.counters = {  # engine stat name -> counter
@@ -37,16 +38,15 @@ class InflightMetrics:
                                     labels, TOKEN_GAP_BUCKETS)
         self.e2e = self._histogram("tritonllm_e2e_request_latency_seconds", "Arrival to last token", labels, LATENCY_BUCKETS)
 
-    @staticmethod
-    def _metric(name, description, kind, labels):
-        return pb_utils.MetricFamily(name=name, description=description, kind=kind).Metric(labels=labels)
+    def _metric(self, name, description, kind, labels, **options):
+        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        self.families.append(family)  # a family must outlive its metrics
+        return family.Metric(labels=labels, **options)
 
-    @staticmethod
-    def _histogram(name, description, labels, buckets):
-        Family = pb_utils.MetricFamily
-        if not hasattr(Family, "HISTOGRAM"):  # Triton before 24.07
+    def _histogram(self, name, description, labels, buckets):
+        if not hasattr(pb_utils.MetricFamily, "HISTOGRAM"):  # Triton before 24.07
             return None
-        return Family(name=name, description=description, kind=Family.HISTOGRAM).Metric(labels=labels, buckets=buckets)
+        return self._metric(name, description, pb_utils.MetricFamily.HISTOGRAM, labels, buckets=buckets)
 
     def update_gauges(self) -> None:
         stats = self.engine.stats
