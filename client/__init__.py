@@ -1,0 +1,1 @@
+"""Command-line clients for the three models (installed as `tritonllm_client`)."""
