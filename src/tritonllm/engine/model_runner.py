@@ -73,19 +73,18 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
         ids, positions, slots, bounds = [], [], [], []
-        offset = 0
         for c in chunks:
             n = len(c.token_ids)
+            bounds.append((len(ids), n, c.slot, c.start))
             ids.extend(c.token_ids)
             positions.extend(range(c.start, c.start + n))
             slots.extend([c.slot] * n)
-            bounds.append((offset, n, c.slot, c.start))
-            offset += n
         dev = self.device
-        ids_t = torch.tensor(ids, device=dev)
         pos_t = torch.tensor(positions, device=dev)
         slots_t = torch.tensor(slots, device=dev)
-        hidden = self.embed(ids_t)  # (T, hidden)
+        single = _SingleTokenBatch([b for b in bounds if b[1] == 1], self.cache.num_slots, dev)
+        prompt_chunks = [b for b in bounds if b[1] > 1]
+        hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
         cos, sin = self.rotary(hidden[None], pos_t[None])
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # (T, 1, head_dim)
         for layer_idx, layer in enumerate(self.layers):
@@ -101,8 +100,10 @@ class ModelRunner:
             k = k * cos + _rotate_half(k) * sin
             self.cache.write(layer_idx, slots_t, pos_t, k, v)
             out = torch.empty_like(q)
-            for off, n, slot, start in bounds:
-                out[off:off + n] = self._attend(q[off:off + n], layer_idx, slot, start, n)
+            if single.rows is not None:
+                out[single.rows] = self._attend_single_tokens(q, layer_idx, single)
+            for off, n, slot, start in prompt_chunks:
+                out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
             hidden = residual + attn.o_proj(out.view(-1, self.num_heads * self.head_dim))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         last = [off + n - 1 for (off, n, _, _), c in zip(bounds, chunks) if c.wants_logits]
@@ -111,18 +112,34 @@ class ModelRunner:
         picked = self.norm(hidden[torch.tensor(last, device=dev)])
         return self.lm_head(picked).float()
 
-    def _attend(self, q: torch.Tensor, layer_idx: int, slot: int, start: int, n: int) -> torch.Tensor:
-        """Attention of n new queries (n, heads, dim) over the slot's first start + n keys."""
+    def _attend_single_tokens(self, q: torch.Tensor, layer_idx: int, single: "_SingleTokenBatch") -> torch.Tensor:
+        """One attention call for every one-token chunk (decodes), over all slots' cache views.
+
+        Query heads are grouped by the KV head they share (GQA) instead of repeating keys.
+        Slots without a query here are masked and their rows dropped.
+        """
+        num_slots = self.cache.num_slots
+        group = self.num_heads // self.num_kv_heads
+        queries = q.new_zeros(num_slots, self.num_heads, self.head_dim)
+        queries[single.slots] = q[single.rows]
+        k, v = self.cache.all_slots(layer_idx, single.max_length)
+        out = F.scaled_dot_product_attention(
+            queries.view(num_slots, self.num_kv_heads, group, self.head_dim), k, v,
+            attn_mask=single.mask, scale=self.scaling,
+        )
+        return out.reshape(num_slots, self.num_heads, self.head_dim)[single.slots]
+
+    def _attend_chunk(self, q: torch.Tensor, layer_idx: int, slot: int, start: int) -> torch.Tensor:
+        """Causal attention of a prompt chunk (n, heads, dim) over the slot's first start + n keys."""
+        n = q.shape[0]
         length = start + n
         k, v = self.cache.view(layer_idx, slot, length)
-        mask, causal = None, False
-        if n > 1 and start == 0:
-            causal = True
-        elif n > 1:  # a prompt chunk after earlier chunks: causal with an offset
+        mask = None
+        if start > 0:  # a chunk after earlier chunks: causal with an offset
             rows = torch.arange(start, length, device=q.device)[:, None]
             mask = torch.arange(length, device=q.device)[None, :] <= rows
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k, v, attn_mask=mask, is_causal=causal, scale=self.scaling,
+            q.transpose(0, 1), k, v, attn_mask=mask, is_causal=start == 0, scale=self.scaling,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         return out.transpose(0, 1)
@@ -131,3 +148,19 @@ class ModelRunner:
         """One decode step for every slot at the given lengths: the runner's speed limit (benchmarks)."""
         chunks = [Chunk(slot, [0], length, True) for slot, length in enumerate(lengths)]
         return self.forward(chunks)
+
+
+class _SingleTokenBatch:
+    """Where the one-token chunks of a step are: packed rows, their slots, and the length mask."""
+
+    def __init__(self, bounds: list[tuple[int, int, int, int]], num_slots: int, device):
+        self.rows = self.slots = self.mask = None
+        if not bounds:
+            return
+        self.rows = torch.tensor([off for off, _, _, _ in bounds], device=device)
+        self.slots = torch.tensor([slot for _, _, slot, _ in bounds], device=device)
+        lengths = torch.ones(num_slots, dtype=torch.long, device=device)  # idle slots: one harmless key
+        lengths[self.slots] = torch.tensor([start + 1 for _, _, _, start in bounds], device=device)
+        self.max_length = int(lengths.max())
+        visible = torch.arange(self.max_length, device=device)[None, :] < lengths[:, None]
+        self.mask = visible[:, None, None, :]  # (slots, 1, 1, max_length)

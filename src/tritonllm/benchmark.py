@@ -1,0 +1,177 @@
+"""`tritonllm-bench-engine`: offline throughput of four ways to batch the same workload, in one run.
+
+1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
+2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
+3. hf-cb: transformers' own continuous batching (ContinuousBatchingManager, explicit cache sizes);
+4. static: `model.generate` on fixed batches, each run until its longest member ends.
+All get the same requests: varied prompt lengths and heavy-tailed (capped exponential) output
+lengths forced with max_tokens + ignore_eos. Output tokens/s counts only requested tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.scheduler import SchedulerConfig
+from tritonllm.models import load_model
+
+WORDS = ("the model serves tokens while a batch runs and short requests leave early so that waiting "
+         "ones can start at once on the next step of the engine loop").split()
+
+
+def make_workload(n: int, mean_output: int, max_output: int, min_prompt: int, max_prompt: int,
+                  seed: int) -> list[tuple[str, int]]:
+    """(prompt, output length) pairs: uniform prompt words, capped exponential output lengths."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(n):
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_prompt, max_prompt)))
+        requests.append((prompt, max(1, min(max_output, round(rng.expovariate(1 / mean_output))))))
+    return requests
+
+
+def run_engine(model, tokenizer, workload, slots: int, budget: int) -> dict:
+    engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
+                                                         max_num_batched_tokens=budget))
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
+    busy_tokens = busy_slot_steps = 0
+    start = time.perf_counter()
+    for (prompt, _), p in zip(workload, params):
+        engine.add_request(prompt, p)
+    while engine.has_unfinished():
+        waiting = engine.num_waiting > 0
+        before = engine.stats.tokens_generated
+        engine.step()
+        if waiting:  # utilisation while requests wait for a slot
+            busy_tokens += engine.stats.tokens_generated - before
+            busy_slot_steps += slots
+    elapsed = time.perf_counter() - start
+    tokens = engine.stats.tokens_generated
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "slot_utilisation": engine.stats.slot_utilisation,
+            "slot_utilisation_while_waiting": busy_tokens / busy_slot_steps if busy_slot_steps else None,
+            "steps": engine.stats.steps}
+
+
+def run_ceiling(model, tokenizer, workload, slots: int) -> dict:
+    """Decode steps for a full batch of slots at the workload's context lengths; no prefill."""
+    engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
+                                                         max_num_batched_tokens=max(slots, 64)))
+    prompt_lens = [len(tokenizer.encode(p)) for p, _ in workload]
+    total = sum(n for _, n in workload)
+    steps = -(-total // slots)
+    lengths = [prompt_lens[i % len(prompt_lens)] for i in range(slots)]
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.runner.decode_ceiling_step(lengths)
+        lengths = [length + 1 for length in lengths]
+    elapsed = time.perf_counter() - start
+    return {"tokens": steps * slots, "seconds": elapsed, "tokens_per_s": steps * slots / elapsed, "steps": steps}
+
+
+def run_static(model, tokenizer, workload, slots: int) -> dict:
+    """Fixed batches of `slots` requests in arrival order, each run until its longest member ends."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    start = time.perf_counter()
+    for i in range(0, len(workload), slots):
+        batch = workload[i:i + slots]
+        enc = tokenizer([p for p, _ in batch], return_tensors="pt", padding=True)
+        longest = max(n for _, n in batch)
+        with torch.inference_mode():
+            model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+    elapsed = time.perf_counter() - start
+    tokens = sum(n for _, n in workload)  # only what was asked for counts
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+
+
+def run_hf_continuous(model, tokenizer, workload, slots: int, budget: int) -> dict:
+    """transformers' continuous batching with explicit sizes (else it sizes its cache from RAM)."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    longest = max(n for _, n in workload)
+    gen = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=None,
+                           pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    cb = ContinuousBatchingConfig(page_size=64, num_blocks=slots * 16, max_batch_tokens=budget,
+                                  max_requests_per_batch=slots)
+    prompts = [tokenizer.encode(p) for p, _ in workload]
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    start = time.perf_counter()
+    manager.start()
+    for i, (ids, (_, n)) in enumerate(zip(prompts, workload)):
+        manager.add_request(ids, request_id=f"r{i}", max_new_tokens=n)
+    tokens = 0
+    for _ in workload:
+        result = manager.get_result(timeout=600)
+        if result is None:
+            raise RuntimeError("transformers continuous batching returned no result within 600 s")
+        tokens += len(result.generated_tokens)
+    elapsed = time.perf_counter() - start
+    manager.stop(block=True)
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tritonllm-bench-engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="bundled", help="bundled, tiny, a HF directory or hub id")
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--slots", type=int, default=8, help="max_num_seqs = static batch size")
+    parser.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
+    parser.add_argument("--mean-output", type=int, default=48)
+    parser.add_argument("--max-output", type=int, default=192)
+    parser.add_argument("--prompt-words", type=int, nargs=2, default=(8, 48), metavar=("MIN", "MAX"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "hf-cb", "static"])
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model, "cpu" if not torch.cuda.is_available() else None)
+    workload = make_workload(args.requests, args.mean_output, args.max_output, *args.prompt_words, args.seed)
+    print(f"model={args.model} requests={args.requests} slots={args.slots} budget={args.budget} "
+          f"output tokens={sum(n for _, n in workload)} (mean {args.mean_output}, cap {args.max_output}) "
+          f"threads={torch.get_num_threads()}", flush=True)
+    runs = {
+        "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots),
+        "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget),
+        "hf-cb": lambda: run_hf_continuous(model, tokenizer, workload, args.slots, args.budget),
+        "static": lambda: run_static(model, tokenizer, workload, args.slots),
+    }
+    results = {}
+    run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget)  # warm-up
+    for name, run in runs.items():
+        if name in args.skip:
+            continue
+        try:
+            results[name] = run()
+        except Exception as exc:  # report and go on: one failing baseline must not hide the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        r = results[name]
+        print(f"{name:8s} " + (f"{r['tokens_per_s']:8.1f} tok/s  {r['tokens']:6d} tokens in {r['seconds']:6.1f} s"
+                               if "error" not in r else r["error"]), flush=True)
+    engine = results.get("engine", {})
+    if "tokens_per_s" in engine:
+        print("ratios (engine / other):")
+        for name, r in results.items():
+            if name != "engine" and "tokens_per_s" in r:
+                print(f"  engine / {name:8s} = {engine['tokens_per_s'] / r['tokens_per_s']:.2f}")
+        print(f"slot utilisation: {engine['slot_utilisation']:.3f} overall, "
+              f"{engine['slot_utilisation_while_waiting'] or 0:.3f} while requests were waiting")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
