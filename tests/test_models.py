@@ -1,0 +1,77 @@
+"""Model provisioning and loading: every source goes through the same loader, nothing downloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tritonllm import models
+from tritonllm.engine.model_runner import ModelRunner
+
+
+def test_env_variable_overrides_the_configured_model(monkeypatch):
+    monkeypatch.setenv(models.MODEL_ENV, "tiny")
+    assert models.resolve_model_path("bundled") == str(models.tiny_dir())
+    monkeypatch.delenv(models.MODEL_ENV)
+    assert models.resolve_model_path("bundled") == str(models.bundled_dir())
+    assert models.resolve_model_path("/some/dir") == "/some/dir"
+
+
+def test_a_local_directory_loads_like_the_named_models(monkeypatch):
+    monkeypatch.delenv(models.MODEL_ENV, raising=False)
+    model, tokenizer = models.load_model(str(models.tiny_dir()), "cpu", "float32")
+    assert model.config.model_type == "llama"
+    assert next(model.parameters()).dtype == torch.float32
+    assert tokenizer.decode(tokenizer.encode("Paris")) == "Paris"
+
+
+def test_bundled_model_is_converted_once_and_cached():
+    path = models.prepare_bundled()
+    assert (path / "config.json").exists() and (path / "model.safetensors").exists()
+    assert models.prepare_bundled() == path  # second call: cached, no conversion
+
+
+def test_bad_dtype_is_named():
+    with pytest.raises(ValueError, match="dtype"):
+        models.parse_dtype("float8")
+
+
+def test_unsupported_architecture_is_refused_with_its_name():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64))
+    with pytest.raises(ValueError, match="gpt2"):
+        ModelRunner(model, num_slots=2, max_model_len=32)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_llama_layout_architectures_match_generate(arch):
+    """The runner's claim beyond Llama: tiny random Qwen2 / Qwen3 / Mistral decode like `generate`."""
+    import transformers
+
+    from tritonllm.engine.llm_engine import LLMEngine
+    from tritonllm.engine.sampling_params import SamplingParams
+    from tritonllm.engine.scheduler import SchedulerConfig
+
+    config_cls, model_cls = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    _, tokenizer = models.load_model("tiny", "cpu")
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                        sliding_window=None, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.3)
+    engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=2, max_model_len=128, max_num_batched_tokens=8))
+    prompts = ["The quick brown fox jumps over", "Hello"]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        ref = model.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, ids.shape[1]:]
+        assert out.token_ids == ref.tolist()

@@ -1,0 +1,579 @@
+"""The three models on a real tritonserver, through real clients (tritonclient gRPC/HTTP, HTTP generate).
+
+Every protocol each model supports, greedy output equal to in-process Hugging Face `generate`,
+batching visible in Triton's statistics and our metrics, cancellation, per-request errors,
+seeded sampling and the optional outputs. Every wait has a timeout so that a bug fails the test
+instead of hanging it. `llm_static` waits up to 5 s for a full batch of 8: it only ever gets
+requests in groups of 8.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import requests
+import torch
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+BATCHED = ("llm_dynamic", "llm_static")
+STATIC_BATCH = 8  # llm_static's preferred (and max) batch size
+TIMEOUT = 60  # seconds any one request may take before the test fails
+GREEDY = {"temperature": 0}
+SEEDED = {"temperature": 0.8, "seed": 123, "max_tokens": 16}
+
+PROMPTS = [
+    "Hello",
+    "The capital of France is",
+    "Once upon a time, in a land far away, there lived a",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "日本語のテキスト 😀 and some English after it.",
+    "A much longer prompt that keeps going for a while, so that its prefill is far longer than the "
+    "others in its batch: lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod "
+    "tempor incididunt ut labore et dolore magna aliqua. " * 4,
+    "Q: What is two plus two?\nA:",
+    "   leading spaces and\ttabs",
+]
+# 16 requests: every prompt twice, with different output lengths.
+MIXED = [(PROMPTS[i % len(PROMPTS)], 1 + (7 * i) % 29) for i in range(16)]
+
+
+# ---------------------------------------------------------------- request building
+
+
+def _tensor(module, name: str, value, batched: bool):
+    """One input tensor for tritonclient.grpc or .http; the batching models get a leading batch dim."""
+    if isinstance(value, dict):
+        value = json.dumps(value)
+    if isinstance(value, bool):
+        array, dtype = np.array([value], dtype=bool), "BOOL"
+    elif isinstance(value, (str, bytes)):
+        array, dtype = np.array([value.encode() if isinstance(value, str) else value], dtype=np.object_), "BYTES"
+    elif isinstance(value, int):
+        array, dtype = np.array([value], dtype=np.int32), "INT32"
+    else:
+        array, dtype = np.array([value], dtype=np.float32), "FP32"
+    if batched:
+        array = array.reshape(1, 1)
+    tensor = module.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def tensors(module, model: str, **inputs):
+    return [_tensor(module, name, value, model in BATCHED) for name, value in inputs.items()]
+
+
+def text_of(result) -> str:
+    return result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
+
+
+def scalar(result, name: str):
+    value = result.as_numpy(name)
+    assert value is not None, f"output {name!r} missing"
+    value = value.reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else int(value)
+
+
+# ---------------------------------------------------------------- clients
+
+
+@dataclass
+class StreamResult:
+    texts: list[str] = field(default_factory=list)  # text_output of every response that has one
+    results: list = field(default_factory=list)  # every InferResult with outputs
+    finals: int = 0  # responses flagged triton_final_response
+    after_final: int = 0  # responses that came after the final one (must stay 0)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+class GrpcStream:
+    """One gRPC stream to llm_inflight; collects responses by request id until each is final."""
+
+    def __init__(self, server):
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.results: dict[str, StreamResult] = {}
+        self.errors: list[str] = []
+        self.changed = threading.Condition()
+        self.client.start_stream(callback=self._callback)
+
+    def _callback(self, result, error):
+        with self.changed:
+            if error is not None:
+                self.errors.append(str(error))
+            else:
+                response = result.get_response()
+                state = self.results.setdefault(response.id, StreamResult())
+                if state.finals:
+                    state.after_final += 1
+                if response.outputs:
+                    state.results.append(result)
+                    if result.as_numpy("text_output") is not None:
+                        state.texts.append(text_of(result))
+                if response.parameters["triton_final_response"].bool_param:
+                    state.finals += 1
+            self.changed.notify_all()
+
+    def send(self, request_id: str, model: str = "llm_inflight", **inputs) -> None:
+        self.results.setdefault(request_id, StreamResult())
+        self.client.async_stream_infer(model, tensors(grpcclient, model, **inputs), request_id=request_id,
+                                       enable_empty_final_response=True)
+
+    def wait(self, request_ids, timeout: float = TIMEOUT, errors: int = 0) -> None:
+        """Until every id has its final response (or `errors` errors came); fail on timeout."""
+        def done():
+            return len(self.errors) > errors or (
+                len(self.errors) == errors and all(self.results[r].finals for r in request_ids))
+        with self.changed:
+            assert self.changed.wait_for(done, timeout), f"stream did not end within {timeout} s"
+
+    def wait_first_piece(self, request_ids, timeout: float = TIMEOUT) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: all(self.results[r].texts for r in request_ids), timeout)
+
+    def close(self, cancel: bool = False) -> None:
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def stream_one(server, **inputs) -> StreamResult:
+    """One request to llm_inflight on its own gRPC stream; fails on an error."""
+    stream = GrpcStream(server)
+    try:
+        stream.send("one", **inputs)
+        stream.wait(["one"])
+        assert not stream.errors, stream.errors
+        return stream.results["one"]
+    finally:
+        stream.close(cancel=True)
+
+
+def stream_error(server, **inputs) -> str:
+    """One request to llm_inflight on its own gRPC stream; returns the error it must get."""
+    stream = GrpcStream(server)
+    try:
+        stream.send("bad", **inputs)
+        stream.wait(["bad"], errors=1)
+        assert len(stream.errors) == 1, f"expected an error, got {stream.results['bad']}"
+        return stream.errors[0]
+    finally:
+        stream.close(cancel=True)
+
+
+def generate(server, model: str, **body) -> requests.Response:
+    return requests.post(f"http://{server.http_url}/v2/models/{model}/generate", json=body, timeout=TIMEOUT)
+
+
+def generate_stream(server, model: str, **body) -> list[dict]:
+    """Every SSE event of one generate_stream call, until the server ends it."""
+    events = []
+    deadline = time.monotonic() + TIMEOUT
+    with requests.post(f"http://{server.http_url}/v2/models/{model}/generate_stream", json=body,
+                       stream=True, timeout=TIMEOUT) as response:
+        for line in response.iter_lines(chunk_size=None):
+            assert time.monotonic() < deadline, "generate_stream did not end in time"
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[len(b"data: "):]))
+    return events
+
+
+def http_infer(server, model: str, **inputs):
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=TIMEOUT) as client:
+        return client.infer(model, tensors(httpclient, model, **inputs))
+
+
+def grpc_infer(server, model: str, **inputs):
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        return client.infer(model, tensors(grpcclient, model, **inputs), client_timeout=TIMEOUT)
+
+
+def concurrently(calls):
+    """Run zero-argument callables at once; return their results in order (re-raising errors)."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result(timeout=TIMEOUT * 2) for f in futures]
+
+
+# ---------------------------------------------------------------- server state
+
+
+def model_stats(server, model: str) -> dict:
+    response = requests.get(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10)
+    response.raise_for_status()
+    return response.json()["model_stats"][0]
+
+
+def batch_counts(stats: dict) -> dict[int, int]:
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+
+def metric(server, name: str, model: str = "llm_inflight") -> float:
+    text = requests.get(server.metrics_url, timeout=10).text
+    match = re.search(rf'^{name}{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
+    assert match, f"metric {name} for {model} not exported"
+    return float(match.group(1))
+
+
+def wait_for_metric(server, name: str, predicate, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = metric(server, name)
+        if predicate(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- reference
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    """Greedy text of in-process `model.generate`, stopped at EOS, as the models must return it."""
+    model, tokenizer = tiny_model
+    eos = {tokenizer.eos_token_id, *np.atleast_1d(model.generation_config.eos_token_id or [])}
+    cache: dict[tuple[str, int], str] = {}
+
+    def greedy(prompt: str, max_tokens: int) -> str:
+        if (prompt, max_tokens) not in cache:
+            ids = tokenizer.encode(prompt)
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=max_tokens, do_sample=False)
+            new = out[0, len(ids):].tolist()
+            for i, token in enumerate(new):
+                if token in eos:
+                    new = new[: i + 1]
+                    break
+            cache[prompt, max_tokens] = tokenizer.decode(new, skip_special_tokens=True)
+        return cache[prompt, max_tokens]
+
+    return greedy
+
+
+# ---------------------------------------------------------------- protocols
+
+
+def test_inflight_grpc_stream_streams_pieces_and_ends_with_one_final(triton_server, reference):
+    prompt, n = PROMPTS[2], 12
+    res = stream_one(triton_server, text_input=prompt, stream=True,
+                     sampling_parameters={**GREEDY, "max_tokens": n, "ignore_eos": True})
+    assert res.finals == 1 and res.after_final == 0
+    assert len(res.texts) > 1, "streaming sent the whole text at once"
+    assert res.text == reference(prompt, n)  # streaming does not echo the prompt (vLLM rule)
+
+
+def test_inflight_grpc_stream_unstreamed_request_echoes_prompt_by_default(triton_server, reference):
+    prompt = PROMPTS[1]
+    res = stream_one(triton_server, text_input=prompt, sampling_parameters={**GREEDY, "max_tokens": 8})
+    assert res.finals == 1 and len(res.texts) == 1
+    assert res.text == prompt + reference(prompt, 8)
+
+
+def test_inflight_http_generate(triton_server, reference):
+    prompt = PROMPTS[3]
+    response = generate(triton_server, "llm_inflight", text_input=prompt, exclude_input_in_output=True,
+                        sampling_parameters=json.dumps({**GREEDY, "max_tokens": 10}))
+    assert response.status_code == 200, response.text
+    assert response.json()["text_output"] == reference(prompt, 10)
+    # Values as HTTP generate sends them: keys at the top level become request parameters / inputs.
+    response = generate(triton_server, "llm_inflight", text_input=prompt, max_tokens=10, temperature=0)
+    assert response.status_code == 200, response.text
+    assert response.json()["text_output"] == prompt + reference(prompt, 10)
+
+
+def test_inflight_http_generate_stream(triton_server, reference):
+    prompt = PROMPTS[4]
+    events = generate_stream(triton_server, "llm_inflight", text_input=prompt, stream=True,
+                             sampling_parameters=json.dumps({**GREEDY, "max_tokens": 12, "ignore_eos": True}))
+    assert events and not any("error" in e for e in events), events
+    assert len(events) > 1, "generate_stream sent the whole text in one event"
+    assert "".join(e["text_output"] for e in events) == reference(prompt, 12)
+
+
+def test_inflight_refuses_unary_infer_without_hanging(triton_server):
+    for infer in (http_infer, grpc_infer):
+        t0 = time.monotonic()
+        with pytest.raises(InferenceServerException, match="decoupled"):
+            infer(triton_server, "llm_inflight", text_input="Hello")
+        assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("model", BATCHED)
+def test_batched_models_over_http_infer_grpc_infer_and_generate(triton_server, reference, model):
+    """One batch of 8 (llm_static does not wait): 3 HTTP infer, 3 gRPC infer, 2 HTTP generate."""
+    prompts = [(PROMPTS[i], 3 + i) for i in range(STATIC_BATCH)]
+    params = lambda n: {**GREEDY, "max_tokens": n}  # noqa: E731
+    calls = []
+    for i, (prompt, n) in enumerate(prompts):
+        if i < 3:
+            calls.append(lambda p=prompt, n=n: text_of(http_infer(triton_server, model, text_input=p,
+                                                                  sampling_parameters=params(n))))
+        elif i < 6:
+            calls.append(lambda p=prompt, n=n: text_of(grpc_infer(triton_server, model, text_input=p,
+                                                                  sampling_parameters=params(n))))
+        else:
+            calls.append(lambda p=prompt, n=n: generate(triton_server, model, text_input=p,
+                                                        sampling_parameters=json.dumps(params(n))).json())
+    t0 = time.monotonic()
+    got = concurrently(calls)
+    if model == "llm_static":
+        assert time.monotonic() - t0 < 4, "a full batch of 8 waited for llm_static's queue delay"
+    for i, ((prompt, n), out) in enumerate(zip(prompts, got)):
+        if isinstance(out, dict):
+            assert "text_output" in out, out
+            out = out["text_output"]
+        assert out == prompt + reference(prompt, n), f"request {i}"  # not streaming: the prompt is echoed
+
+
+# ---------------------------------------------------------------- greedy under load, batching visible
+
+
+def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, reference):
+    tokens0, steps0 = metric(triton_server, "tritonllm_generation_tokens_total"), metric(triton_server, "tritonllm_steps_total")
+    stream = GrpcStream(triton_server)
+    ids = [f"g{i}" for i in range(len(MIXED))]
+    try:
+        for rid, (prompt, n) in zip(ids, MIXED):
+            # Half stream, half answer at the end; neither echoes the prompt.
+            stream.send(rid, text_input=prompt, stream=len(rid) % 2 == 0, exclude_input_in_output=True,
+                        sampling_parameters={**GREEDY, "max_tokens": n})
+        stream.wait(ids)
+        assert not stream.errors, stream.errors
+    finally:
+        stream.close(cancel=True)
+    mismatches = [(rid, prompt, n) for rid, (prompt, n) in zip(ids, MIXED)
+                  if stream.results[rid].text != reference(prompt, n)]
+    assert not mismatches, f"{len(mismatches)}/16 differ from HF generate: {mismatches[:3]}"
+    assert all(stream.results[rid].finals == 1 and stream.results[rid].after_final == 0 for rid in ids)
+    # Counters are published by the sender thread; give it a moment after the last response.
+    time.sleep(0.3)
+    tokens = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
+    steps = metric(triton_server, "tritonllm_steps_total") - steps0
+    assert tokens >= sum(1 for _ in MIXED) and steps > 0
+    assert tokens / steps > 1.5, f"{tokens} tokens in {steps} steps: sequences did not share steps"
+
+
+@pytest.mark.parametrize("model", BATCHED)
+def test_batched_concurrent_greedy_matches_hf_and_batches(triton_server, reference, model):
+    before = model_stats(triton_server, model)
+    calls = []
+    for i, (prompt, n) in enumerate(MIXED):
+        body = dict(text_input=prompt, exclude_input_in_output=True, sampling_parameters={**GREEDY, "max_tokens": n})
+        if i % 2:
+            calls.append(lambda body=body: text_of(grpc_infer(triton_server, model, **body)))
+        else:
+            body["sampling_parameters"] = json.dumps(body["sampling_parameters"])
+            calls.append(lambda body=body: generate(triton_server, model, **body).json().get("text_output"))
+    got = concurrently(calls)
+    mismatches = [(i, prompt, n, text) for i, ((prompt, n), text) in enumerate(zip(MIXED, got))
+                  if text != reference(prompt, n)]
+    assert not mismatches, f"{len(mismatches)}/16 differ from HF generate: {mismatches[:3]}"
+    after = model_stats(triton_server, model)
+    inferences = int(after["inference_count"]) - int(before["inference_count"])
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert inferences == 16
+    assert executions < inferences, f"{executions} executions for {inferences} requests: nothing was batched"
+    grown = {size: count - batch_counts(before).get(size, 0) for size, count in batch_counts(after).items()}
+    assert any(size > 1 and count > 0 for size, count in grown.items()), grown
+    if model == "llm_static":
+        assert grown.get(STATIC_BATCH, 0) >= 1, f"llm_static never ran a full batch: {grown}"
+
+
+# ---------------------------------------------------------------- cancellation
+
+
+def test_cancelled_stream_frees_running_sequences(triton_server, reference):
+    long = {**GREEDY, "max_tokens": 2000, "ignore_eos": True}
+    assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10) == 0
+    tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
+    stream = GrpcStream(triton_server)
+    ids = [f"long{i}" for i in range(4)]
+    try:
+        for rid in ids:
+            stream.send(rid, text_input=f"{rid} says hi", stream=True, sampling_parameters=long)
+        stream.wait_first_piece(ids)
+        running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 4, 10)
+        assert running == 4, f"the gauge never showed the 4 sequences running together (last {running})"
+    finally:
+        t0 = time.monotonic()
+        stream.close(cancel=True)
+        assert time.monotonic() - t0 < 10, "stop_stream(cancel_requests=True) hung"
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
+    assert running == 0, f"{running} sequences still running 5 s after the stream was cancelled"
+    time.sleep(0.3)
+    generated = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
+    assert generated < 4 * 2000 * 0.9, f"{generated} tokens: the cancelled requests ran to the end"
+    # The engine still serves.
+    res = stream_one(triton_server, text_input=PROMPTS[0], sampling_parameters={**GREEDY, "max_tokens": 5},
+                     exclude_input_in_output=True)
+    assert res.text == reference(PROMPTS[0], 5)
+
+
+# ---------------------------------------------------------------- bad requests
+
+LONG_PROMPT = "hello world " * 1100  # > 2048 tokens: longer than max_model_len
+
+# name -> (inputs, what the error must mention)
+BAD = {
+    "missing_text_input": ({"sampling_parameters": {"max_tokens": 4}}, "text_input"),
+    "non_utf8_text_input": ({"text_input": b"\xff\xfe"}, "UTF-8"),
+    "invalid_json": ({"text_input": "Hi", "sampling_parameters": '{"max_tokens": 4'}, "not valid JSON"),
+    "unknown_key": ({"text_input": "Hi", "sampling_parameters": {"max_tokenz": 4}}, "max_tokenz"),
+    "wrong_type": ({"text_input": "Hi", "sampling_parameters": {"max_tokens": "abc"}}, "max_tokens"),
+    "out_of_range": ({"text_input": "Hi", "sampling_parameters": {"top_p": 1.5}}, "top_p"),
+    "prompt_too_long": ({"text_input": LONG_PROMPT}, "max_model_len"),
+    "stream_on_batched": ({"text_input": "Hi", "stream": True}, "cannot stream"),
+}
+GOOD = {"text_input": "Hi", "sampling_parameters": {**GREEDY, "max_tokens": 3}}
+
+
+def as_json_body(inputs: dict) -> dict:
+    return {k: json.dumps(v) if isinstance(v, dict) else v for k, v in inputs.items()}
+
+
+def test_long_prompt_is_longer_than_max_model_len(tiny_model):
+    assert len(tiny_model[1].encode(LONG_PROMPT)) > 2048
+
+
+@pytest.mark.parametrize("case", [c for c in BAD if c != "stream_on_batched"])
+def test_inflight_bad_request_gets_its_error_then_serves(triton_server, case):
+    inputs, expected = BAD[case]
+    for stream in (False, True):
+        assert expected in stream_error(triton_server, **inputs, **({"stream": True} if stream else {}))
+    if isinstance(inputs.get("text_input", ""), str):  # JSON cannot carry non-UTF-8 bytes
+        response = generate(triton_server, "llm_inflight", **as_json_body(inputs))
+        assert response.status_code == 400 and expected in response.json()["error"], response.text
+        events = generate_stream(triton_server, "llm_inflight", stream=True, **as_json_body(inputs))
+        assert len(events) == 1 and expected in events[0].get("error", ""), events
+    res = stream_one(triton_server, **GOOD)
+    assert res.finals == 1 and res.text.startswith("Hi") and len(res.text) > 2
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_dynamic_bad_request_gets_its_error_then_serves(triton_server, case):
+    inputs, expected = BAD[case]
+    for infer in (http_infer, grpc_infer):
+        with pytest.raises(InferenceServerException) as err:
+            infer(triton_server, "llm_dynamic", **inputs)
+        assert expected in str(err.value)
+    if isinstance(inputs.get("text_input", ""), str):
+        response = generate(triton_server, "llm_dynamic", **as_json_body(inputs))
+        assert response.status_code == 400 and expected in response.json()["error"], response.text
+    assert text_of(grpc_infer(triton_server, "llm_dynamic", **GOOD)).startswith("Hi")
+
+
+def test_static_batch_with_bad_requests_serves_the_good_ones(triton_server, reference):
+    """8 bad and 8 good requests at once (two full batches): each gets its own answer."""
+    calls = [lambda inputs=inputs: grpc_infer(triton_server, "llm_static", **inputs) for inputs, _ in BAD.values()]
+    prompts = [(PROMPTS[i], 2 + i) for i in range(STATIC_BATCH)]
+    calls += [lambda p=p, n=n: grpc_infer(triton_server, "llm_static", text_input=p, exclude_input_in_output=True,
+                                          sampling_parameters={**GREEDY, "max_tokens": n}) for p, n in prompts]
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        for (case, (_, expected)), future in zip(BAD.items(), futures):
+            with pytest.raises(InferenceServerException) as err:
+                future.result(timeout=TIMEOUT)
+            assert expected in str(err.value), case
+        for (prompt, n), future in zip(prompts, futures[len(BAD):]):
+            assert text_of(future.result(timeout=TIMEOUT)) == reference(prompt, n)
+
+
+# ---------------------------------------------------------------- seeded sampling
+
+
+def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
+    prompt = PROMPTS[2]
+    alone = stream_one(triton_server, text_input=prompt, exclude_input_in_output=True, sampling_parameters=SEEDED).text
+    assert alone
+    other_seed = stream_one(triton_server, text_input=prompt, exclude_input_in_output=True,
+                            sampling_parameters={**SEEDED, "seed": 124}).text
+    assert other_seed != alone, "the seed does not change the sample"
+
+    stream = GrpcStream(triton_server)
+    busy = [f"busy{i}" for i in range(3)]
+    try:
+        for i, rid in enumerate(busy):  # long sampled neighbours, unseeded and seeded otherwise
+            stream.send(rid, text_input=PROMPTS[i], stream=True,
+                        sampling_parameters={"temperature": 1.0, "max_tokens": 400, "ignore_eos": True,
+                                             **({"seed": i} if i else {})})
+        stream.wait_first_piece(busy)
+        stream.send("seeded", text_input=prompt, exclude_input_in_output=True, sampling_parameters=SEEDED)
+        stream.wait(["seeded"])
+        assert not stream.errors, stream.errors
+        assert not any(stream.results[rid].finals for rid in busy), "the neighbours ended before the seeded one"
+    finally:
+        stream.close(cancel=True)
+    assert stream.results["seeded"].text == alone
+
+    # The batching models sample with the same engine: the same text, alone or in a batch of 8.
+    assert text_of(grpc_infer(triton_server, "llm_dynamic", text_input=prompt, exclude_input_in_output=True,
+                              sampling_parameters=SEEDED)) == alone
+    neighbours = [lambda i=i: grpc_infer(triton_server, "llm_static", text_input=PROMPTS[i],
+                                         sampling_parameters={"temperature": 1.0, "max_tokens": 24 + i})
+                  for i in range(STATIC_BATCH - 1)]
+    seeded = lambda: grpc_infer(triton_server, "llm_static", text_input=prompt,  # noqa: E731
+                                exclude_input_in_output=True, sampling_parameters=SEEDED)
+    assert text_of(concurrently([seeded, *neighbours])[0]) == alone
+
+
+# ---------------------------------------------------------------- optional outputs, TensorRT-LLM inputs
+
+
+def test_inflight_optional_outputs_and_trtllm_scalars(triton_server, tiny_model):
+    prompt, n = PROMPTS[1], 6
+    num_prompt = len(tiny_model[1].encode(prompt))
+    asks = dict(return_finish_reason=True, return_num_input_tokens=True, return_num_output_tokens=True)
+    # max_tokens and temperature as TensorRT-LLM scalar tensors (INT32 / FP32 [1]).
+    whole = stream_one(triton_server, text_input=prompt, max_tokens=n, temperature=0.0, exclude_input_in_output=True,
+                       sampling_parameters={"ignore_eos": True}, **asks)
+    (result,) = whole.results
+    assert scalar(result, "finish_reason") == "length"
+    assert scalar(result, "num_input_tokens") == num_prompt
+    assert scalar(result, "num_output_tokens") == n
+    streamed = stream_one(triton_server, text_input=prompt, max_tokens=n, temperature=0.0, stream=True,
+                          sampling_parameters={"ignore_eos": True}, **asks)
+    assert streamed.text == whole.text
+    # Streaming: each response counts its own new tokens (vLLM backend rule); the last one says why it ended.
+    assert sum(scalar(r, "num_output_tokens") for r in streamed.results) == n
+    assert scalar(streamed.results[-1], "finish_reason") == "length"
+    assert all(scalar(r, "num_input_tokens") == num_prompt for r in streamed.results)
+    # Not asked: not sent.
+    plain = stream_one(triton_server, text_input=prompt, max_tokens=n)
+    assert all(plain.results[0].as_numpy(name) is None
+               for name in ("finish_reason", "num_input_tokens", "num_output_tokens"))
+    # A sampling_parameters key wins over the same TensorRT-LLM scalar.
+    both = stream_one(triton_server, text_input=prompt, max_tokens=2, temperature=0.0, return_num_output_tokens=True,
+                      sampling_parameters={"max_tokens": 4, "ignore_eos": True})
+    assert scalar(both.results[0], "num_output_tokens") == 4
+
+
+def test_batched_optional_outputs_and_trtllm_scalars(triton_server, tiny_model):
+    prompt, n = PROMPTS[3], 5
+    num_prompt = len(tiny_model[1].encode(prompt))
+    result = grpc_infer(triton_server, "llm_dynamic", text_input=prompt, max_tokens=n, temperature=0.0,
+                        sampling_parameters={"ignore_eos": True}, exclude_input_in_output=True,
+                        return_finish_reason=True, return_num_input_tokens=True, return_num_output_tokens=True)
+    assert result.as_numpy("text_output").shape == (1, 1)
+    assert scalar(result, "finish_reason") == "length"
+    assert scalar(result, "num_input_tokens") == num_prompt
+    assert scalar(result, "num_output_tokens") == n
+    plain = http_infer(triton_server, "llm_dynamic", text_input=prompt, max_tokens=n)
+    assert plain.as_numpy("finish_reason") is None and plain.as_numpy("num_output_tokens") is None
+    # HTTP generate: the same flags as JSON keys.
+    body = generate(triton_server, "llm_dynamic", text_input=prompt, max_tokens=n, temperature=0,
+                    sampling_parameters=json.dumps({"ignore_eos": True}), exclude_input_in_output=True,
+                    return_finish_reason=True, return_num_output_tokens=True).json()
+    assert body.get("finish_reason") == "length" and body.get("num_output_tokens") == n, body
+    assert body["text_output"] == text_of(result)
