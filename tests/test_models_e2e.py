@@ -4,13 +4,13 @@ Every protocol each model supports, greedy output equal to in-process Hugging Fa
 batching visible in Triton's statistics and our metrics, cancellation, per-request errors,
 seeded sampling and the optional outputs. Every wait has a timeout so that a bug fails the test
 instead of hanging it. `llm_static` waits up to 5 s for a full batch of 8: it only ever gets
-requests in groups of 8.
+requests in groups of 8, all with the same set of inputs (Triton's batcher never batches requests
+whose input sets differ; such a request dispatches the pending batch at once).
 """
 
 from __future__ import annotations
 
 import json
-import queue
 import re
 import threading
 import time
@@ -23,7 +23,7 @@ import requests
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 BATCHED = ("llm_dynamic", "llm_static")
 STATIC_BATCH = 8  # llm_static's preferred (and max) batch size
@@ -54,7 +54,9 @@ def _tensor(module, name: str, value, batched: bool):
     """One input tensor for tritonclient.grpc or .http; the batching models get a leading batch dim."""
     if isinstance(value, dict):
         value = json.dumps(value)
-    if isinstance(value, bool):
+    if isinstance(value, np.ndarray):
+        array, dtype = value, np_to_triton_dtype(value.dtype)
+    elif isinstance(value, bool):
         array, dtype = np.array([value], dtype=bool), "BOOL"
     elif isinstance(value, (str, bytes)):
         array, dtype = np.array([value.encode() if isinstance(value, str) else value], dtype=np.object_), "BYTES"
@@ -131,11 +133,10 @@ class GrpcStream:
         self.client.async_stream_infer(model, tensors(grpcclient, model, **inputs), request_id=request_id,
                                        enable_empty_final_response=True)
 
-    def wait(self, request_ids, timeout: float = TIMEOUT, errors: int = 0) -> None:
-        """Until every id has its final response (or `errors` errors came); fail on timeout."""
+    def wait(self, request_ids, timeout: float = TIMEOUT) -> None:
+        """Until every id has its final response, or an error came; fail on timeout."""
         def done():
-            return len(self.errors) > errors or (
-                len(self.errors) == errors and all(self.results[r].finals for r in request_ids))
+            return self.errors or all(self.results[r].finals for r in request_ids)
         with self.changed:
             assert self.changed.wait_for(done, timeout), f"stream did not end within {timeout} s"
 
@@ -165,7 +166,7 @@ def stream_error(server, **inputs) -> str:
     stream = GrpcStream(server)
     try:
         stream.send("bad", **inputs)
-        stream.wait(["bad"], errors=1)
+        stream.wait(["bad"])
         assert len(stream.errors) == 1, f"expected an error, got {stream.results['bad']}"
         return stream.errors[0]
     finally:
@@ -291,6 +292,12 @@ def test_inflight_http_generate(triton_server, reference):
     response = generate(triton_server, "llm_inflight", text_input=prompt, max_tokens=10, temperature=0)
     assert response.status_code == 200, response.text
     assert response.json()["text_output"] == prompt + reference(prompt, 10)
+    # Keys that are no input of the model arrive as request parameters (ignore_eos here).
+    response = generate(triton_server, "llm_inflight", text_input=prompt, max_tokens=10, temperature=0,
+                        ignore_eos=True, return_num_output_tokens=True)
+    assert response.status_code == 200 and response.json()["num_output_tokens"] == 10, response.text
+    response = generate(triton_server, "llm_inflight", text_input=prompt, max_tokenz=10)
+    assert response.status_code == 400 and "max_tokenz" in response.json()["error"], response.text
 
 
 def test_inflight_http_generate_stream(triton_server, reference):
@@ -341,13 +348,14 @@ def test_batched_models_over_http_infer_grpc_infer_and_generate(triton_server, r
 
 
 def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, reference):
-    tokens0, steps0 = metric(triton_server, "tritonllm_generation_tokens_total"), metric(triton_server, "tritonllm_steps_total")
+    tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
+    steps0 = metric(triton_server, "tritonllm_steps_total")
     stream = GrpcStream(triton_server)
     ids = [f"g{i}" for i in range(len(MIXED))]
     try:
-        for rid, (prompt, n) in zip(ids, MIXED):
+        for i, (rid, (prompt, n)) in enumerate(zip(ids, MIXED)):
             # Half stream, half answer at the end; neither echoes the prompt.
-            stream.send(rid, text_input=prompt, stream=len(rid) % 2 == 0, exclude_input_in_output=True,
+            stream.send(rid, text_input=prompt, stream=i % 2 == 0, exclude_input_in_output=True,
                         sampling_parameters={**GREEDY, "max_tokens": n})
         stream.wait(ids)
         assert not stream.errors, stream.errors
@@ -394,31 +402,57 @@ def test_batched_concurrent_greedy_matches_hf_and_batches(triton_server, referen
 # ---------------------------------------------------------------- cancellation
 
 
-def test_cancelled_stream_frees_running_sequences(triton_server, reference):
-    long = {**GREEDY, "max_tokens": 2000, "ignore_eos": True}
-    assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10) == 0
+def test_cancelled_stream_frees_running_and_waiting_sequences(triton_server, reference):
+    """10 long requests on 8 slots (streamed and not), then stop_stream(cancel_requests=True)."""
+    slots, n, max_tokens = 8, 10, 2000
+    long = {**GREEDY, "max_tokens": max_tokens, "ignore_eos": True}
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10)
+    assert running == 0, "an earlier test left sequences running"
     tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
     stream = GrpcStream(triton_server)
-    ids = [f"long{i}" for i in range(4)]
+    ids = [f"long{i}" for i in range(n)]
     try:
-        for rid in ids:
-            stream.send(rid, text_input=f"{rid} says hi", stream=True, sampling_parameters=long)
-        stream.wait_first_piece(ids)
-        running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 4, 10)
-        assert running == 4, f"the gauge never showed the 4 sequences running together (last {running})"
+        for i, rid in enumerate(ids):
+            stream.send(rid, text_input=f"{rid} says hi", stream=i < 5, sampling_parameters=long)
+        stream.wait_first_piece(ids[:5])
+        running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == slots, 10)
+        assert running == slots, f"the gauge never showed {slots} sequences running together (last {running})"
+        assert metric(triton_server, "tritonllm_num_requests_waiting") == n - slots
     finally:
         t0 = time.monotonic()
         stream.close(cancel=True)
         assert time.monotonic() - t0 < 10, "stop_stream(cancel_requests=True) hung"
     running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
     assert running == 0, f"{running} sequences still running 5 s after the stream was cancelled"
+    assert metric(triton_server, "tritonllm_num_requests_waiting") == 0
     time.sleep(0.3)
     generated = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
-    assert generated < 4 * 2000 * 0.9, f"{generated} tokens: the cancelled requests ran to the end"
+    assert generated < slots * max_tokens / 2, f"{generated} tokens: the cancelled requests ran on"
+    assert not any(stream.results[rid].finals for rid in ids), "a long request ended by itself"
     # The engine still serves.
     res = stream_one(triton_server, text_input=PROMPTS[0], sampling_parameters={**GREEDY, "max_tokens": 5},
                      exclude_input_in_output=True)
     assert res.text == reference(PROMPTS[0], 5)
+
+
+def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
+    max_tokens = 2000
+    assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10) == 0
+    tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
+    body = {"text_input": "Hi", "stream": True, "max_tokens": max_tokens, "ignore_eos": True}
+    with requests.post(f"http://{triton_server.http_url}/v2/models/llm_inflight/generate_stream", json=body,
+                       stream=True, timeout=TIMEOUT) as response:
+        events = 0
+        for line in response.iter_lines(chunk_size=None):
+            events += line.startswith(b"data: ")
+            if events == 3:
+                break
+        assert metric(triton_server, "tritonllm_num_requests_running") == 1
+    # Leaving the block closed the connection: Triton cancels the request, the engine frees its slot.
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
+    assert running == 0, "the sequence kept running after its client went away"
+    time.sleep(0.3)
+    assert metric(triton_server, "tritonllm_generation_tokens_total") - tokens0 < max_tokens / 2
 
 
 # ---------------------------------------------------------------- bad requests
@@ -475,19 +509,34 @@ def test_dynamic_bad_request_gets_its_error_then_serves(triton_server, case):
 
 
 def test_static_batch_with_bad_requests_serves_the_good_ones(triton_server, reference):
-    """8 bad and 8 good requests at once (two full batches): each gets its own answer."""
-    calls = [lambda inputs=inputs: grpc_infer(triton_server, "llm_static", **inputs) for inputs, _ in BAD.values()]
-    prompts = [(PROMPTS[i], 2 + i) for i in range(STATIC_BATCH)]
-    calls += [lambda p=p, n=n: grpc_infer(triton_server, "llm_static", text_input=p, exclude_input_in_output=True,
-                                          sampling_parameters={**GREEDY, "max_tokens": n}) for p, n in prompts]
+    """One full batch of 8: six bad requests and two good ones, each gets its own answer.
+
+    Triton's batcher only batches requests that carry the same set of inputs (one with another
+    set dispatches the pending batch at once), so every request here sends text_input and
+    sampling_parameters, nothing else.
+    """
+    greedy = {**GREEDY, "max_tokens": 4}
+    bad = [(BAD[case][0]["text_input"], greedy, BAD[case][1]) for case in ("non_utf8_text_input", "prompt_too_long")]
+    bad += [("Hi", BAD[case][0]["sampling_parameters"], BAD[case][1])
+            for case in ("invalid_json", "unknown_key", "wrong_type", "out_of_range")]
+    good = [(PROMPTS[1], 5), (PROMPTS[2], 7)]
+    before = batch_counts(model_stats(triton_server, "llm_static"))
+    calls = [lambda p=p, sp=sp: grpc_infer(triton_server, "llm_static", text_input=p, sampling_parameters=sp)
+             for p, sp, _ in bad]
+    calls += [lambda p=p, n=n: grpc_infer(triton_server, "llm_static", text_input=p,
+                                          sampling_parameters={**GREEDY, "max_tokens": n}) for p, n in good]
+    t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
-        for (case, (_, expected)), future in zip(BAD.items(), futures):
+        for (_, _, expected), future in zip(bad, futures):
             with pytest.raises(InferenceServerException) as err:
                 future.result(timeout=TIMEOUT)
-            assert expected in str(err.value), case
-        for (prompt, n), future in zip(prompts, futures[len(BAD):]):
-            assert text_of(future.result(timeout=TIMEOUT)) == reference(prompt, n)
+            assert expected in str(err.value)
+        for (prompt, n), future in zip(good, futures[len(bad):]):
+            assert text_of(future.result(timeout=TIMEOUT)) == prompt + reference(prompt, n)
+    assert time.monotonic() - t0 < 4, "the 8 requests did not make one full batch"
+    after = batch_counts(model_stats(triton_server, "llm_static"))
+    assert after.get(STATIC_BATCH, 0) - before.get(STATIC_BATCH, 0) == 1, (before, after)
 
 
 # ---------------------------------------------------------------- seeded sampling
@@ -517,15 +566,20 @@ def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
         stream.close(cancel=True)
     assert stream.results["seeded"].text == alone
 
-    # The batching models sample with the same engine: the same text, alone or in a batch of 8.
+    # The batching models sample with the same engine: the same text, alone or in a batch of 8
+    # (the same set of inputs in every request, else Triton does not batch them together).
     assert text_of(grpc_infer(triton_server, "llm_dynamic", text_input=prompt, exclude_input_in_output=True,
                               sampling_parameters=SEEDED)) == alone
     neighbours = [lambda i=i: grpc_infer(triton_server, "llm_static", text_input=PROMPTS[i],
+                                         exclude_input_in_output=True,
                                          sampling_parameters={"temperature": 1.0, "max_tokens": 24 + i})
                   for i in range(STATIC_BATCH - 1)]
     seeded = lambda: grpc_infer(triton_server, "llm_static", text_input=prompt,  # noqa: E731
                                 exclude_input_in_output=True, sampling_parameters=SEEDED)
+    before = batch_counts(model_stats(triton_server, "llm_static"))
     assert text_of(concurrently([seeded, *neighbours])[0]) == alone
+    after = batch_counts(model_stats(triton_server, "llm_static"))
+    assert after.get(STATIC_BATCH, 0) - before.get(STATIC_BATCH, 0) == 1, "the seeded request was not in a batch of 8"
 
 
 # ---------------------------------------------------------------- optional outputs, TensorRT-LLM inputs
@@ -557,6 +611,11 @@ def test_inflight_optional_outputs_and_trtllm_scalars(triton_server, tiny_model)
     both = stream_one(triton_server, text_input=prompt, max_tokens=2, temperature=0.0, return_num_output_tokens=True,
                       sampling_parameters={"max_tokens": 4, "ignore_eos": True})
     assert scalar(both.results[0], "num_output_tokens") == 4
+    # random_seed is UINT64 [1], as the TensorRT-LLM ensemble declares it; it means vLLM's seed.
+    trt_seeded = stream_one(triton_server, text_input=PROMPTS[2], exclude_input_in_output=True, max_tokens=16,
+                            temperature=0.8, random_seed=np.array([123], dtype=np.uint64))
+    assert trt_seeded.text == stream_one(triton_server, text_input=PROMPTS[2], exclude_input_in_output=True,
+                                         sampling_parameters=SEEDED).text
 
 
 def test_batched_optional_outputs_and_trtllm_scalars(triton_server, tiny_model):
