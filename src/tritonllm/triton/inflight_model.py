@@ -43,7 +43,7 @@ class InflightModel:
         self.max_queue_size = int(params.get("max_queue_size", "256"))
         self.metrics = InflightMetrics(args["model_name"], self.engine)
         self.open: dict[str, OpenRequest] = {}
-        self.outbox: queue.Queue[RequestOutput | None] = queue.Queue()
+        self.outbox: queue.Queue[RequestOutput | None] = queue.Queue()  # None: stop the sender
         self.engine.start()
         self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
         self.sender_thread.start()
@@ -73,19 +73,19 @@ class InflightModel:
         while True:
             try:
                 out = self.outbox.get(timeout=0.05)
-            except queue.Empty:
-                self._poll_cancelled()
-                self.metrics.update_gauges()
-                continue
-            if out is None:
-                return
-            try:
+                if out is None:  # finalize() is done with the engine
+                    return
                 self._send(out)
+            except queue.Empty:
+                pass
+            except Exception:  # this thread must survive anything, or every open stream would hang
+                log.exception("llm_inflight: sending a response failed")
+            try:
+                if self.outbox.empty():
+                    self._poll_cancelled()
+                    self.metrics.update_gauges()
             except Exception:
-                log.exception("sending a response for %s failed", out.request_id)
-            if self.outbox.empty():
-                self._poll_cancelled()
-                self.metrics.update_gauges()
+                log.exception("llm_inflight: polling cancellation or updating metrics failed")
 
     def _send(self, out: RequestOutput) -> None:
         state = self.open.get(out.request_id)
@@ -119,10 +119,11 @@ class InflightModel:
         """Send the one FINAL flag of a request (with a last response, or without)."""
         state.closed = True
         self.open.pop(state.request_id, None)
+        sender, state.sender, state.request = state.sender, None, None  # Triton frees a request with its last reference
         if response is None:
-            state.sender.send(flags=pb.final_flag())
+            sender.send(flags=pb.final_flag())
         else:
-            state.sender.send(response, flags=pb.final_flag())
+            sender.send(response, flags=pb.final_flag())
 
     @staticmethod
     def _cancelled(state: OpenRequest) -> bool:

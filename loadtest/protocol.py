@@ -1,0 +1,117 @@
+"""The wire side of one request: Triton's vLLM-backend contract over gRPC and HTTP.
+
+Builds request bodies / input tensors from a `RequestSpec` and reads the token counts back.
+Every request asks for `num_output_tokens` and excludes the prompt from the output, so token
+counts come from the server, not from a local tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from tritonllm_loadtest.workload import RequestSpec
+
+
+def generate_body(spec: RequestSpec, stream: bool) -> dict[str, Any]:
+    """JSON body for HTTP `generate` / `generate_stream` (Triton adds the batch dimension itself)."""
+    return {
+        "text_input": spec.prompt,
+        "sampling_parameters": spec.sampling_json,
+        "stream": stream,
+        "exclude_input_in_output": True,
+        "return_num_output_tokens": True,
+    }
+
+
+def infer_body(spec: RequestSpec) -> dict[str, Any]:
+    """JSON body for HTTP `/infer` on a batching model: every input has shape [1, 1]."""
+    def tensor(name, datatype, value):
+        return {"name": name, "shape": [1, 1], "datatype": datatype, "data": [value]}
+
+    return {
+        "inputs": [
+            tensor("text_input", "BYTES", spec.prompt),
+            tensor("sampling_parameters", "BYTES", spec.sampling_json),
+            tensor("exclude_input_in_output", "BOOL", True),
+            tensor("return_num_output_tokens", "BOOL", True),
+        ],
+        "outputs": [{"name": "text_output"}, {"name": "num_output_tokens"}],
+    }
+
+
+def infer_output_tokens(body: dict[str, Any]) -> int:
+    """`num_output_tokens` of an HTTP `/infer` answer; ValueError if it is missing."""
+    if "error" in body:
+        raise ValueError(body["error"])
+    for out in body.get("outputs", []):
+        if out.get("name") == "num_output_tokens":
+            return int(np.asarray(out["data"]).reshape(-1)[0])
+    raise ValueError(f"answer has no num_output_tokens output: {json.dumps(body)[:200]}")
+
+
+def parse_sse_line(line: bytes | str) -> dict[str, Any] | None:
+    """The JSON event of one `data: ...` line of generate_stream; None for blank lines and comments."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", "replace")
+    line = line.strip()
+    if not line.startswith("data:"):
+        return None
+    payload = line[len("data:"):].strip()
+    if not payload:
+        return None
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        return {"error": f"malformed SSE event: {payload[:200]}"}
+    return event if isinstance(event, dict) else {"error": f"unexpected SSE event: {payload[:200]}"}
+
+
+def event_tokens(event: dict[str, Any]) -> int:
+    """Tokens carried by one generate_stream event (its `num_output_tokens`)."""
+    value = event.get("num_output_tokens", 0)
+    if isinstance(value, list):
+        value = value[0] if value else 0
+    return int(value)
+
+
+def grpc_inputs(spec: RequestSpec, stream: bool | None, batched: bool) -> list:
+    """tritonclient.grpc InferInputs; `stream` None leaves the input out (batching models)."""
+    import tritonclient.grpc as grpcclient
+
+    shape = [1, 1] if batched else [1]
+
+    def tensor(name, datatype, value, dtype):
+        t = grpcclient.InferInput(name, shape, datatype)
+        t.set_data_from_numpy(np.array([value], dtype=dtype).reshape(shape))
+        return t
+
+    inputs = [
+        tensor("text_input", "BYTES", spec.prompt.encode("utf-8"), np.object_),
+        tensor("sampling_parameters", "BYTES", spec.sampling_json.encode("utf-8"), np.object_),
+        tensor("exclude_input_in_output", "BOOL", True, np.bool_),
+        tensor("return_num_output_tokens", "BOOL", True, np.bool_),
+    ]
+    if stream is not None:
+        inputs.append(tensor("stream", "BOOL", stream, np.bool_))
+    return inputs
+
+
+def grpc_outputs() -> list:
+    import tritonclient.grpc as grpcclient
+
+    return [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("num_output_tokens")]
+
+
+def grpc_result_tokens(result) -> int:
+    """Tokens in one gRPC response (0 for the empty final response)."""
+    array = result.as_numpy("num_output_tokens")
+    return 0 if array is None or array.size == 0 else int(array.reshape(-1)[0])
+
+
+def grpc_is_final(result) -> bool:
+    """Whether a streamed gRPC response is the request's last (`triton_final_response`)."""
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param

@@ -1,0 +1,188 @@
+"""Numbers of one run, from its raw samples (exact percentiles) and its metric scrapes.
+
+Throughput is vLLM benchmark_serving's definition: output tokens of the finished requests over
+the span from the first request's start to the last one's end. Requests cut off by the end of a
+run (`interrupted`) count neither as finished nor as errors.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tritonllm_loadtest.metrics_scraper import delta, load_scrapes, series
+from tritonllm_loadtest.samples import Sample, load_samples
+
+STREAMING_PROTOCOLS = ("grpc-stream", "http-sse")
+SCHEME_OF_MODEL = {"llm_inflight": "inflight", "llm_dynamic": "dynamic", "llm_static": "static"}
+
+
+@dataclass
+class RunInfo:
+    """What was run (run.json in the run's directory)."""
+
+    name: str
+    scheme: str
+    model: str
+    user_class: str = ""
+    protocol: str = ""
+    concurrency: int = 0
+    arrival_rate: float = 0.0
+    max_requests: int = 0
+    run_time_s: float = 0.0
+    started: float = 0.0
+    ended: float = 0.0
+    locust_rc: int | None = None
+    workload: str = ""
+    command: list[str] = field(default_factory=list)
+
+    def save(self, run_dir: str | Path) -> None:
+        Path(run_dir, "run.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "RunInfo":
+        """run.json, or what the samples say when there is none (a plain `locust` run)."""
+        run_dir = Path(run_dir)
+        path = run_dir / "run.json"
+        if path.exists():
+            row = json.loads(path.read_text())
+            return cls(**{k: v for k, v in row.items() if k in cls.__dataclass_fields__})
+        samples = load_samples(run_dir)
+        if not samples:
+            raise ValueError(f"{run_dir}: no run.json and no samples*.jsonl")
+        first = samples[0]
+        return cls(name=run_dir.name, scheme=SCHEME_OF_MODEL.get(first.model, first.model), model=first.model,
+                   user_class=first.user, protocol=first.protocol, concurrency=max(s.users for s in samples))
+
+
+def percentile(values, q: float) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.percentile(values, q)) if values else None
+
+
+@dataclass
+class RunSummary:
+    name: str
+    scheme: str
+    model: str
+    protocol: str
+    concurrency: int
+    arrival_rate: float
+    streaming: bool
+    finished: int  # ok + errors
+    ok: int
+    errors: int
+    interrupted: int
+    error_rate: float | None
+    duration_s: float | None
+    output_tokens: int
+    tokens_per_s: float | None
+    requests_per_s: float | None
+    ttft_p50: float | None
+    ttft_p90: float | None
+    ttft_p99: float | None
+    e2e_p50: float | None
+    e2e_p90: float | None
+    e2e_p99: float | None
+    itl_p50: float | None
+    itl_p90: float | None
+    itl_p99: float | None
+    tpot_p50: float | None
+    goodput_rps: float | None  # finished requests/s that met both SLOs
+    slo_ttft_s: float
+    slo_tpot_s: float
+    slot_utilisation: float | None  # in-flight engine: d(tokens) / d(slot steps) over the run
+    triton_batch_size: float | None  # Triton's d(inference_count) / d(exec_count) over the run
+    top_errors: list[tuple[str, int]] = field(default_factory=list)
+
+
+def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None = None,
+              slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.5) -> RunSummary:
+    ok = [s for s in samples if s.ok]
+    errors = [s for s in samples if s.error is not None and not s.interrupted]
+    interrupted = [s for s in samples if s.interrupted]
+    done = ok + errors
+    duration = None
+    if done:
+        duration = max(s.end for s in done) - min(s.start for s in done)
+        duration = duration if duration > 0 else None
+    tokens = sum(s.output_tokens for s in ok)
+    itl = [g for s in ok for g in s.itl]
+    streaming = (info.protocol or (samples[0].protocol if samples else "")) in STREAMING_PROTOCOLS
+
+    def meets_slo(s: Sample) -> bool:  # a non-streaming answer has no TPOT: all its tokens come at once
+        return (s.ttft is not None and s.ttft <= slo_ttft_s) and (
+            not streaming or s.tpot is None or s.tpot <= slo_tpot_s)
+
+    utilisation = batch = None
+    if scrapes:
+        d_tokens = delta(scrapes, series("tritonllm_generation_tokens_total", model=info.model))
+        d_slots = delta(scrapes, series("tritonllm_slot_steps_total", model=info.model))
+        if d_tokens is not None and d_slots:
+            utilisation = d_tokens / d_slots
+        d_count = delta(scrapes, series("nv_inference_count", model=info.model, version="1"))
+        d_exec = delta(scrapes, series("nv_inference_exec_count", model=info.model, version="1"))
+        if d_count is not None and d_exec and utilisation is None:  # the in-flight engine batches by itself
+            batch = d_count / d_exec
+    return RunSummary(
+        name=info.name, scheme=info.scheme, model=info.model, protocol=info.protocol,
+        concurrency=info.concurrency, arrival_rate=info.arrival_rate, streaming=streaming,
+        finished=len(done), ok=len(ok), errors=len(errors), interrupted=len(interrupted),
+        error_rate=len(errors) / len(done) if done else None, duration_s=duration, output_tokens=tokens,
+        tokens_per_s=tokens / duration if duration else None,
+        requests_per_s=len(ok) / duration if duration else None,
+        ttft_p50=percentile([s.ttft for s in ok], 50), ttft_p90=percentile([s.ttft for s in ok], 90),
+        ttft_p99=percentile([s.ttft for s in ok], 99),
+        e2e_p50=percentile([s.e2e for s in ok], 50), e2e_p90=percentile([s.e2e for s in ok], 90),
+        e2e_p99=percentile([s.e2e for s in ok], 99),
+        itl_p50=percentile(itl, 50), itl_p90=percentile(itl, 90), itl_p99=percentile(itl, 99),
+        tpot_p50=percentile([s.tpot for s in ok], 50) if streaming else None,
+        goodput_rps=sum(map(meets_slo, ok)) / duration if duration else None,
+        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+        slot_utilisation=utilisation, triton_batch_size=batch,
+        top_errors=Counter(s.error for s in errors).most_common(3),
+    )
+
+
+def summarize_run_dir(run_dir: str | Path, **slo) -> tuple[RunInfo, list[Sample], list[dict], RunSummary]:
+    run_dir = Path(run_dir)
+    info = RunInfo.load(run_dir)
+    samples = load_samples(run_dir)
+    scrapes = load_scrapes(run_dir / "metrics.jsonl")
+    return info, samples, scrapes, summarize(info, samples, scrapes, **slo)
+
+
+@dataclass
+class Ratio:
+    concurrency: int
+    arrival_rate: float
+    baseline: str  # the scheme in-flight is compared with
+    tokens_per_s: float | None  # in-flight / baseline: > 1 means in-flight produced more
+    ttft_p50: float | None  # in-flight / baseline: < 1 means in-flight answered first sooner
+    e2e_p90: float | None
+    requests_per_s: float | None
+    error_rate_inflight: float | None
+    error_rate_baseline: float | None
+
+
+def _div(a, b):
+    return a / b if a is not None and b else None
+
+
+def ratios(summaries: list[RunSummary], scheme: str = "inflight") -> list[Ratio]:
+    """In-flight against every other scheme run at the same load (concurrency and arrival rate)."""
+    out = []
+    for s in summaries:
+        if s.scheme != scheme:
+            continue
+        for b in summaries:
+            if b.scheme == scheme or (b.concurrency, b.arrival_rate) != (s.concurrency, s.arrival_rate):
+                continue
+            out.append(Ratio(s.concurrency, s.arrival_rate, b.scheme, _div(s.tokens_per_s, b.tokens_per_s),
+                             _div(s.ttft_p50, b.ttft_p50), _div(s.e2e_p90, b.e2e_p90),
+                             _div(s.requests_per_s, b.requests_per_s), s.error_rate, b.error_rate))
+    return out

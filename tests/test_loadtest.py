@@ -1,0 +1,342 @@
+"""The load test: workload sampler, sample maths and report (no server), then real headless Locust
+runs of every user class against the tiny-model tritonserver, the report built from them, and
+`tritonllm-compare` end to end.
+
+Locust is only ever run in subprocesses: importing it monkey-patches the standard library.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tritonllm_loadtest import compare, protocol
+from tritonllm_loadtest.metrics_scraper import parse_prometheus, series, slot_utilisation
+from tritonllm_loadtest.report import build_report
+from tritonllm_loadtest.samples import Measurement, Sample, SampleWriter, load_samples
+from tritonllm_loadtest.summary import SCHEME_OF_MODEL, RunInfo, ratios, summarize
+from tritonllm_loadtest.workload import PROMPTS_FILE, LengthDist, Workload, load_prompts
+
+LOCUSTFILE = Path(compare.__file__).resolve().parent / "locustfile.py"
+STAGES = {"GrpcStreamUser": {"ttft", "itl", "tpot", "e2e"}, "SseStreamUser": {"ttft", "itl", "tpot", "e2e"},
+          "GrpcInferUser": {"e2e"}, "HttpInferUser": {"e2e"}}
+
+
+# ---------------------------------------------------------------- workload (no server)
+
+def test_length_dist_parses_and_rejects():
+    assert LengthDist.parse("fixed:16").sample(random.Random(0)) == 16
+    assert str(LengthDist.parse("exp:48:256")) == "exp:48:256"
+    assert LengthDist.parse("exp:10:100:5").minimum == 5
+    u = LengthDist.parse("uniform:3:7")
+    assert {u.sample(random.Random(i)) for i in range(200)} == {3, 4, 5, 6, 7}
+    for bad in ("fixed:0", "uniform:5:2", "exp:48", "exp:-1:10", "exp:10:100:200", "pareto:1:2", "fixed:x"):
+        with pytest.raises(ValueError):
+            LengthDist.parse(bad)
+
+
+def test_workload_is_deterministic_per_index_and_seed():
+    a, b = Workload(seed=7), Workload(seed=7)
+    first = [a.request(i) for i in range(100)]
+    assert [b.request(i) for i in reversed(range(100))][::-1] == first  # order of asking does not matter
+    assert [Workload(seed=8).request(i) for i in range(100)] != first
+    assert [a.request(i, stream=1) for i in range(100)] != first  # distributed workers get their own stream
+    assert len({r.prompt_id for r in first}) > 20  # the prompt set is really sampled
+    spec = first[0]
+    sampling = json.loads(spec.sampling_json)
+    assert sampling == {"max_tokens": spec.max_tokens, "ignore_eos": True, "temperature": 0.0}
+    hot = Workload(seed=7, temperature=0.8).request(0)
+    assert json.loads(hot.sampling_json)["seed"] == Workload(seed=7, temperature=0.8).request(0).sampling["seed"]
+
+
+def test_default_output_lengths_are_capped_and_heavy_tailed():
+    w = Workload(seed=1)
+    lengths = [w.request(i).max_tokens for i in range(20000)]
+    assert min(lengths) >= 1 and max(lengths) == 256  # capped, and the cap is reached (tail ~0.5%)
+    mean = sum(lengths) / len(lengths)
+    assert abs(mean - w.output_tokens.mean()) < 2.0 and 45 < mean < 51
+    median = sorted(lengths)[len(lengths) // 2]
+    assert median < 0.75 * mean  # exponential: median = ln 2 * mean, far below the mean
+    assert sum(x <= 8 for x in lengths) > 0.1 * len(lengths)  # many short requests beside the long ones
+
+
+def test_prompt_words_distribution_builds_prompts_of_that_length():
+    w = Workload(prompt_words="fixed:300", seed=3)
+    assert {w.request(i).prompt_words for i in range(20)} == {300}
+    w = Workload(prompt_words="uniform:5:9", seed=3)
+    assert {w.request(i).prompt_words for i in range(200)} <= set(range(5, 10))
+
+
+def test_shipped_prompt_set():
+    prompts = load_prompts()
+    assert PROMPTS_FILE.parent.name == "loadtest"
+    assert len(prompts) >= 50
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert len({p.kind for p in prompts}) >= 6
+    words = sorted(len(p.text.split()) for p in prompts)
+    assert words[0] <= 8 and words[-1] >= 60  # short questions and long contexts
+    assert any(ord(c) > 127 for p in prompts for c in p.text)  # multi-byte text too
+
+
+# ---------------------------------------------------------------- protocol, samples, summary (no server)
+
+def test_protocol_bodies_and_sse_parsing():
+    spec = Workload(seed=0).request(0)
+    body = protocol.infer_body(spec)
+    assert all(t["shape"] == [1, 1] for t in body["inputs"])
+    assert protocol.infer_output_tokens({"outputs": [{"name": "num_output_tokens", "data": [5]}]}) == 5
+    with pytest.raises(ValueError):
+        protocol.infer_output_tokens({"outputs": []})
+    gen = protocol.generate_body(spec, stream=True)
+    assert gen["stream"] is True and json.loads(gen["sampling_parameters"])["ignore_eos"] is True
+    assert protocol.parse_sse_line(b"") is None
+    assert protocol.parse_sse_line(b": comment") is None
+    event = protocol.parse_sse_line(b'data: {"text_output": "a", "num_output_tokens": 1}')
+    assert protocol.event_tokens(event) == 1
+    assert "error" in protocol.parse_sse_line(b'data: {"error": "boom"}')
+    assert "error" in protocol.parse_sse_line(b"data: {not json")
+
+
+def test_measurement_times_stages_and_checks_token_count():
+    clock = iter([0.0, 0.5, 0.6, 0.8, 1.0])
+    m = Measurement(Sample("llm_inflight", "U", "grpc-stream", 0, expected_tokens=3), clock=lambda: next(clock))
+    m.tokens(1)
+    m.tokens(0)  # the empty final response carries no token
+    m.tokens(1, now=0.6)
+    m.tokens(1, now=0.8)
+    s = m.finish(now=1.0)
+    assert s.ok and s.ttft == 0.5 and s.e2e == 1.0 and s.output_tokens == 3
+    assert s.itl == pytest.approx([0.1, 0.2]) and s.tpot == pytest.approx(0.25)
+    short = Measurement(Sample("m", "U", "p", 1, expected_tokens=5), clock=iter([0.0, 1.0, 2.0]).__next__)
+    short.tokens(2)
+    assert "expected 5 output tokens" in short.finish().error
+
+
+def _sample(i, start, ttft, e2e, tokens, error=None, interrupted=False, model="llm_inflight", proto="grpc-stream"):
+    return Sample(model, "U", proto, i, start=start, ttft=ttft, e2e=e2e, output_tokens=tokens,
+                  itl=[0.1] * max(tokens - 1, 0), error=error, interrupted=interrupted)
+
+
+def test_summary_and_ratios():
+    inflight = [_sample(0, 100.0, 0.1, 1.0, 10), _sample(1, 100.5, 0.3, 2.5, 20),
+                _sample(2, 101.0, None, 0.2, 0, error="boom"), _sample(3, 102.0, None, 5.0, 3, interrupted=True)]
+    s = summarize(RunInfo("a", "inflight", "llm_inflight", protocol="grpc-stream", concurrency=8), inflight)
+    assert (s.finished, s.ok, s.errors, s.interrupted) == (3, 2, 1, 1)
+    assert s.error_rate == pytest.approx(1 / 3)
+    assert s.duration_s == pytest.approx(3.0)  # 100.0 -> 103.0 (the interrupted one does not count)
+    assert s.tokens_per_s == pytest.approx(10.0) and s.requests_per_s == pytest.approx(2 / 3)
+    assert s.ttft_p50 == pytest.approx(0.2) and s.itl_p50 == pytest.approx(0.1) and s.streaming
+    static = [_sample(i, 100.0, 6.0, 6.0, 10, model="llm_static", proto="grpc-infer") for i in range(3)]
+    b = summarize(RunInfo("b", "static", "llm_static", protocol="grpc-infer", concurrency=8), static)
+    assert b.tokens_per_s == pytest.approx(5.0) and not b.streaming and b.tpot_p50 is None
+    (r,) = ratios([s, b])
+    assert r.baseline == "static" and r.tokens_per_s == pytest.approx(2.0) and r.ttft_p50 == pytest.approx(0.2 / 6)
+
+
+def test_prometheus_parsing_and_slot_utilisation():
+    text = ('# HELP x\ntritonllm_generation_tokens_total{model="llm_inflight"} 10\n'
+            'tritonllm_slot_steps_total{model="llm_inflight"} 80\n'
+            'tritonllm_time_to_first_token_seconds_bucket{model="llm_inflight",le="0.1"} 3\n'
+            'nv_inference_count{version="1",model="llm_static"} 16\nsomething_else 1\n')
+    values = parse_prometheus(text)
+    assert values[series("tritonllm_generation_tokens_total", model="llm_inflight")] == 10
+    assert values[series("nv_inference_count", model="llm_static", version="1")] == 16
+    assert not any("bucket" in k or "something" in k for k in values)
+    g, sl = series("tritonllm_generation_tokens_total", model="llm_inflight"), series("tritonllm_slot_steps_total",
+                                                                                    model="llm_inflight")
+    scrapes = [{"time": 0.0, "values": {g: 10, sl: 80}}, {"time": 1.0, "values": {g: 50, sl: 120}},
+               {"time": 2.0, "values": {g: 50, sl: 120}}]
+    points = slot_utilisation(scrapes)
+    assert points[0].utilisation == pytest.approx(1.0) and points[0].tokens_per_s == pytest.approx(40)
+    assert points[1].utilisation is None  # no step in that interval
+
+
+def test_shapes_schedules():
+    code = """
+import json
+from tritonllm_loadtest.shapes import ConcurrencySteps, Spike, Soak
+steps = ConcurrencySteps([1, 4, 8], 10)
+spike = Spike(2, 16, 30, 20, 90)
+soak = Soak(8, 100, 10)
+print(json.dumps([steps.at(0), steps.at(15), steps.at(29.9), steps.at(30), spike.at(0), spike.at(35), spike.at(60),
+                  spike.at(90), soak.at(5), soak.at(100)]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [
+        [1, 1], [4, 4], [8, 8], None, [2, 16], [16, 16], [2, 16], None, [8, 0.8], None]
+
+
+def test_compare_argument_checks(capsys):
+    args = compare.parse_args(["--concurrency", "1,8", "--schemes", "inflight,static"])
+    assert args.concurrency == [1, 8] and args.schemes == ["inflight", "static"]
+    for bad in (["--schemes", "inflight,turbo"], ["--concurrency", "0"], ["--run-time", "0"]):
+        with pytest.raises(SystemExit):
+            compare.parse_args(bad)
+    assert compare.host_port("http://10.0.0.1:9000/x", 8000) == ("10.0.0.1", 9000)
+    assert compare.host_port("triton", 8001) == ("triton", 8001)
+
+
+def test_report_from_synthetic_runs(tmp_path):
+    for name, scheme, model, proto, e2e in (("inflight-c8", "inflight", "llm_inflight", "grpc-stream", 1.0),
+                                            ("static-c8", "static", "llm_static", "grpc-infer", 3.0)):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        RunInfo(name, scheme, model, protocol=proto, concurrency=8).save(run_dir)
+        writer = SampleWriter(run_dir / "samples.jsonl")
+        for i in range(20):
+            ttft = 0.1 if proto == "grpc-stream" else e2e
+            writer.write(Sample(model, "U", proto, i, start=100.0 + i * 0.5, ttft=ttft, e2e=e2e, output_tokens=10,
+                                expected_tokens=10, itl=[0.1] * 9 if proto == "grpc-stream" else []))
+        writer.close()
+    report = build_report(tmp_path)
+    text = report.read_text()
+    assert "| inflight-c8 | inflight | grpc-stream | 8 users | 20 | 0 |" in text
+    assert "| 8 users | static |" in text
+    assert len(load_samples(tmp_path / "runs" / "static-c8")) == 20
+    for png in ("throughput", "ttft_cdf", "e2e_cdf", "itl", "e2e_vs_tokens"):
+        assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 5000
+        assert f"plots/{png}.png" in text
+    assert not (tmp_path / "plots" / "slot_utilisation.png").exists()  # no metrics were scraped
+
+
+# ---------------------------------------------------------------- real Locust runs against tritonserver
+
+def run_locust(server, run_dir: Path, user_class: str, users: int, max_requests: int, *extra: str,
+               run_time: int = 15) -> subprocess.CompletedProcess:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(users), "-r", str(users),
+           "-t", f"{run_time}s", "--host", f"http://{server.http_url}", "--grpc-url", server.grpc_url,
+           "--csv", str(run_dir / "locust"), "--html", str(run_dir / "locust.html"), "--only-summary",
+           "--samples-file", str(run_dir / "samples.jsonl"), "--max-requests", str(max_requests),
+           "--output-tokens", "exp:6:24", *extra, user_class]
+    return subprocess.run(cmd, cwd=run_dir, capture_output=True, text=True, timeout=run_time + 60)
+
+
+# (run name, user class, model, users, requests, extra args)
+RUNS = [
+    ("inflight-grpc", "GrpcStreamUser", "llm_inflight", 4, 32, ()),
+    ("inflight-sse", "SseStreamUser", "llm_inflight", 4, 32, ()),
+    ("static-grpc", "GrpcInferUser", "llm_static", 8, 24, ()),  # 8 users: full batches, no 5 s wait
+    ("dynamic-http", "HttpInferUser", "llm_dynamic", 8, 24, ("--arrival-rate", "16")),  # Poisson arrivals
+]
+
+
+@pytest.fixture(scope="module")
+def locust_runs(triton_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("loadtest")
+    results = {}
+    for name, user_class, model, users, n, extra in RUNS:
+        run_dir = root / "runs" / name
+        proc = run_locust(triton_server, run_dir, user_class, users, n, "--triton-model", model, *extra)
+        RunInfo(name, SCHEME_OF_MODEL[model], model, user_class=user_class,
+                protocol=compare.user_class_protocol(user_class), concurrency=users).save(run_dir)
+        results[name] = (run_dir, proc)
+    return root, results
+
+
+@pytest.mark.parametrize("name,user_class,model,users,n,extra", RUNS, ids=[r[0] for r in RUNS])
+def test_user_class_against_triton(locust_runs, name, user_class, model, users, n, extra):
+    _, results = locust_runs
+    run_dir, proc = results[name]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "requests finished (--max-requests): stopping" in proc.stderr  # ended by count, before -t
+    with open(run_dir / "locust_stats.csv", newline="") as f:
+        rows = {r["Name"]: r for r in csv.DictReader(f)}
+    stages = {k for k in rows if k != "Aggregated"}
+    assert stages == STAGES[user_class]
+    for stage in stages:
+        assert int(rows[stage]["Failure Count"]) == 0, rows[stage]
+        assert int(rows[stage]["Request Count"]) > 0
+        assert rows[stage]["Type"] == f"{compare.user_class_protocol(user_class)} {model}"
+    assert int(rows["e2e"]["Request Count"]) == n
+    samples = load_samples(run_dir / "samples.jsonl")
+    assert len(samples) == n and sorted(s.index for s in samples) == list(range(n))
+    work = Workload()  # the same defaults the locustfile used, apart from --output-tokens
+    for s in samples:
+        assert s.ok, s.error
+        assert s.model == model and s.user == user_class
+        assert s.output_tokens == s.expected_tokens  # max_tokens + ignore_eos honoured
+        assert s.prompt_id == work.request(s.index).prompt_id
+        assert 0 < s.ttft <= s.e2e
+        if user_class in ("GrpcStreamUser", "SseStreamUser"):
+            assert len(s.itl) == s.output_tokens - 1  # one streamed response per token step
+        else:
+            assert s.itl == [] and s.ttft == pytest.approx(s.e2e, abs=1e-3)
+    assert len({s.expected_tokens for s in samples}) > 3  # varied output lengths
+    assert (run_dir / "locust.html").stat().st_size > 10000
+
+
+def test_arrival_rate_spreads_requests(locust_runs):
+    _, results = locust_runs
+    samples = load_samples(results["dynamic-http"][0] / "samples.jsonl")
+    starts = sorted(s.start for s in samples)
+    assert starts[-1] - starts[0] > 0.5  # 24 requests at 16/s take ~1.5 s
+    assert sum(t - starts[0] < 0.05 for t in starts) < 8  # no burst of all 8 users at t=0 (closed loop would)
+
+
+def test_report_builds_from_locust_runs(locust_runs):
+    root, _ = locust_runs
+    report = build_report(root)
+    text = report.read_text()
+    for name, *_ in RUNS:
+        assert f"| {name} |" in text
+    assert "| 4 users | static |" not in text  # ratios only between runs at the same load
+    summary = json.loads((root / "summary.json").read_text())
+    assert {r["name"]: r["errors"] for r in summary["runs"]} == {r[0]: 0 for r in RUNS}
+    assert all(r["tokens_per_s"] > 0 for r in summary["runs"])
+    for png in ("throughput", "ttft_cdf", "e2e_cdf", "itl", "e2e_vs_tokens"):
+        assert (root / "plots" / f"{png}.png").stat().st_size > 5000
+
+
+def test_distributed_processes_ship_samples_to_master(triton_server, tmp_path):
+    proc = run_locust(triton_server, tmp_path, "GrpcStreamUser", 4, 24, "--processes", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    samples = load_samples(tmp_path / "samples.jsonl")  # written by the master from the workers' reports
+    finished = [s for s in samples if not s.interrupted]
+    assert len(finished) == 24 and all(s.ok for s in finished)
+    assert {s.worker for s in finished} == {0, 1}
+
+
+def test_compare_end_to_end(triton_server, tmp_path):
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never",
+           "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+           "--metrics-url", triton_server.metrics_url, "--max-requests", "16", "--run-time", "30",
+           "--output-tokens", "exp:6:24", "--scrape-interval", "0.25", "--out", "results"]  # relative to cwd
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"report: {(out / 'report.md').resolve()}" in proc.stdout
+    text = (out / "report.md").read_text()
+    for scheme in ("inflight", "dynamic", "static"):
+        assert f"| {scheme}-c8 | {scheme} |" in text
+        for name in ("locust.html", "locust_stats.csv", "locust.log", "samples.jsonl", "metrics.jsonl", "run.json"):
+            assert (out / "runs" / f"{scheme}-c8" / name).is_file(), name
+    assert "| 8 users | dynamic |" in text and "| 8 users | static |" in text
+    runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+    assert all(r["finished"] == 16 and r["errors"] == 0 for r in runs.values())
+    # every scheme got the same requests
+    indexes = {s: sorted((x.index, x.expected_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
+               for s in runs}
+    assert indexes["inflight"] == indexes["dynamic"] == indexes["static"]
+    assert runs["inflight"]["slot_utilisation"] is not None and 0 < runs["inflight"]["slot_utilisation"] <= 1
+    assert runs["static"]["triton_batch_size"] >= 4  # static waits for full batches of 8
+    assert (out / "plots" / "slot_utilisation.png").stat().st_size > 5000
+
+
+def test_compare_fails_above_error_threshold(triton_server, tmp_path):
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never",
+           "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+           "--metrics-url", triton_server.metrics_url, "--schemes", "dynamic", "--max-requests", "8",
+           "--run-time", "20", "--output-tokens", "fixed:4000", "--warmup", "0", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAIL: error rate above --max-error-rate" in proc.stdout
+    text = (out / "report.md").read_text()
+    assert "exceeds max_model_len" in text  # the server's reason is in the report
