@@ -54,24 +54,32 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, values: dict[str, Any] | str | None) -> "SamplingParams":
         """Build from a JSON object (or its text); unknown keys and bad values raise ValueError."""
-        if values is None or values == "":
-            return cls()
         if isinstance(values, (str, bytes)):
-            try:
-                values = json.loads(values)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"sampling_parameters is not valid JSON: {exc}") from None
-        if not isinstance(values, dict):
+            values = json_object(values, "sampling_parameters")
+        if not isinstance(values, dict | None):
             raise ValueError("sampling_parameters must be a JSON object")
         known = {f.name: f for f in fields(cls)}
         kwargs = {}
-        for key, value in values.items():
+        for key, value in (values or {}).items():
             if key not in known:
                 raise ValueError(f"unknown sampling parameter {key!r}; known: {', '.join(sorted(known))}")
             if value is None:
                 continue
             kwargs[key] = _COERCE[key](key, value)
         return cls(**kwargs)
+
+
+def json_object(text: str | bytes, what: str) -> dict[str, Any]:
+    """Parse JSON text that must hold an object; blank text is an empty object."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return value
 
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:

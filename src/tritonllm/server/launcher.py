@@ -336,6 +336,7 @@ def _banner(server: TritonServer) -> str:
         models = [f"<could not list models: {e}>"]
     base = f"http://{server.http_url}"
     body = '{"text_input": "What is the capital of France?", "max_tokens": 32}'
+    stream_body = '{"text_input": "What is the capital of France?", "max_tokens": 32, "stream": true}'
     return "\n".join([
         f"Triton ready in {server.ready_seconds:.1f} s (log: {server.log_file})",
         f"  HTTP:    {base}",
@@ -344,7 +345,7 @@ def _banner(server: TritonServer) -> str:
         "  models:  " + (", ".join(models) or "<none>"),
         "Try:",
         f"  curl -s {base}/v2/models/llm_inflight/generate -d '{body}'",
-        f"  curl -sN {base}/v2/models/llm_inflight/generate_stream -d '{body}'",
+        f"  curl -sN {base}/v2/models/llm_inflight/generate_stream -d '{stream_body}'",
         "Ctrl-C stops the server.",
     ])
 

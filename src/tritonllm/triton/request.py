@@ -8,13 +8,12 @@ TensorRT-LLM scalar inputs, then the `sampling_parameters` JSON input.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.engine.sampling_params import SamplingParams, json_object
 
 FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
                "return_num_input_tokens", "return_num_output_tokens")
@@ -88,15 +87,7 @@ def _parse(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> Generat
         if name in inputs:
             sampling[key] = _scalar(inputs[name], name)
     if "sampling_parameters" in inputs:
-        text = _text(inputs["sampling_parameters"], "sampling_parameters")
-        if text.strip():
-            try:
-                values = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise RequestError(f"sampling_parameters is not valid JSON: {exc}") from None
-            if not isinstance(values, dict):
-                raise RequestError("sampling_parameters must be a JSON object")
-            sampling.update(values)
+        sampling.update(json_object(_text(inputs["sampling_parameters"], "sampling_parameters"), "sampling_parameters"))
     return GenerateRequest(prompt=prompt, params=SamplingParams.from_dict(sampling), **flags)
 
 
@@ -104,10 +95,7 @@ def _parameters(parameters: dict[str, Any] | str | None) -> dict[str, Any]:
     if not parameters:
         return {}
     if isinstance(parameters, str):
-        try:
-            parameters = json.loads(parameters)
-        except json.JSONDecodeError as exc:
-            raise RequestError(f"request parameters are not valid JSON: {exc}") from None
+        return json_object(parameters, "request parameters")
     return dict(parameters)
 
 
