@@ -42,19 +42,22 @@ def run_engine(model, tokenizer, workload, slots: int, budget: int) -> dict:
                                                          max_num_batched_tokens=budget))
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
     busy_tokens = busy_slot_steps = 0
+    busy_seconds = 0.0
     start = time.perf_counter()
     for (prompt, _), p in zip(workload, params):
         engine.add_request(prompt, p)
     while engine.has_unfinished():
         waiting = engine.num_waiting > 0
-        before = engine.stats.tokens_generated
+        before, step_start = engine.stats.tokens_generated, time.perf_counter()
         engine.step()
-        if waiting:  # utilisation while requests wait for a slot
+        if waiting:  # steady state: requests wait for a slot, as under sustained load
             busy_tokens += engine.stats.tokens_generated - before
             busy_slot_steps += slots
+            busy_seconds += time.perf_counter() - step_start
     elapsed = time.perf_counter() - start
     tokens = engine.stats.tokens_generated
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "tokens_per_s_while_waiting": busy_tokens / busy_seconds if busy_seconds else None,
             "slot_utilisation": engine.stats.slot_utilisation,
             "slot_utilisation_while_waiting": busy_tokens / busy_slot_steps if busy_slot_steps else None,
             "steps": engine.stats.steps}
@@ -165,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results.items():
             if name != "engine" and "tokens_per_s" in r:
                 print(f"  engine / {name:8s} = {engine['tokens_per_s'] / r['tokens_per_s']:.2f}")
+        if engine.get("tokens_per_s_while_waiting") and "tokens_per_s" in results.get("ceiling", {}):
+            print(f"  steady state (requests waiting): engine {engine['tokens_per_s_while_waiting']:.1f} tok/s "
+                  f"= {engine['tokens_per_s_while_waiting'] / results['ceiling']['tokens_per_s']:.2f} of the ceiling")
         print(f"slot utilisation: {engine['slot_utilisation']:.3f} overall, "
               f"{engine['slot_utilisation_while_waiting'] or 0:.3f} while requests were waiting")
     if args.json:
