@@ -481,3 +481,18 @@ def test_bundled_model_matches_hf_generate():
     assert not report, f"bundled greedy mismatch, token match rate {matched}/{total}: {report}"
     answer = collect.text(rids[-1])
     assert "Paris" in answer, answer
+
+
+def test_request_level_policy_gives_the_same_text_and_pays_for_padding(tiny):
+    """`batch_policy="request"` (llm_dynamic / llm_static) changes the cost, never the tokens."""
+    _, tokenizer = tiny
+    prompts = ["Once upon a time", "The capital of France is", "1 2 3 4"]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (2, 9, 5)]
+    continuous = make_engine(tiny, max_num_seqs=4)
+    request = make_engine(tiny, max_num_seqs=4, batch_policy="request")
+    expected = continuous.generate(prompts, params)
+    got = request.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert [o.text for o in got] == [o.text for o in expected]
+    # Finished rows stayed in every forward until the longest (9 tokens) ended.
+    assert request.stats.decode_steps == 9 and len(request.scheduler.free_slots) == 4

@@ -295,3 +295,47 @@ def test_config_budget_error_names_both_settings():
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=7)
     assert "max_num_seqs" in str(info.value)
     SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8)  # equal is fine
+
+
+def test_request_policy_runs_a_batch_to_its_end_with_finished_rows_as_padding():
+    cfg = SchedulerConfig(max_num_seqs=2, max_model_len=64, max_num_batched_tokens=32, batch_policy="request")
+    sched = Scheduler(cfg)
+    short, long, late = make_seq("short", 3, 1), make_seq("long", 3, 4), make_seq("late", 3, 2)
+    for seq in (short, long):
+        sched.add(seq)
+    chunks = sched.schedule()
+    assert {c.seq.request_id for c in chunks} == {"short", "long"}
+    for c in chunks:
+        c.seq.num_computed += c.num_tokens
+        c.seq.output_ids.append(7)
+    sched.finish(short, "length")
+    sched.add(late)
+    while long.status is Status.RUNNING:
+        chunks = sched.schedule()
+        names = {c.seq.request_id: c for c in chunks}
+        assert "late" not in names, "nothing joins a request-level batch before it ends"
+        assert names["short"].padding and not names["short"].samples
+        assert short.slot is not None and short.slot != long.slot  # the finished row keeps its slot
+        names["long"].seq.num_computed += 1
+        long.output_ids.append(7)
+        if len(long.output_ids) == long.params.max_tokens:
+            sched.finish(long, "length")
+    chunks = sched.schedule()
+    assert [c.seq.request_id for c in chunks] == ["late"] and not chunks[0].padding
+    assert short.slot is None and long.slot is None
+
+
+def test_request_policy_frees_an_aborted_row_at_once():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64, max_num_batched_tokens=32,
+                                      batch_policy="request"))
+    a, b = make_seq("a", 3, 5), make_seq("b", 3, 5)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    sched.finish(a, "abort")
+    assert a.slot is None and not sched.padded
+
+
+def test_unknown_batch_policy_is_named():
+    with pytest.raises(ValueError, match="batch_policy"):
+        SchedulerConfig(batch_policy="static")

@@ -2,6 +2,7 @@
 
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
+   request: the same engine with request-level batches (what llm_dynamic / llm_static run);
 3. hf-cb: transformers' own continuous batching (ContinuousBatchingManager, explicit cache sizes);
 4. static: `model.generate` on fixed batches, each run until its longest member ends.
 All get the same requests: varied prompt lengths and heavy-tailed (capped exponential) output
@@ -37,9 +38,9 @@ def make_workload(n: int, mean_output: int, max_output: int, min_prompt: int, ma
     return requests
 
 
-def run_engine(model, tokenizer, workload, slots: int, budget: int) -> dict:
+def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str = "continuous") -> dict:
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
-                                                         max_num_batched_tokens=budget))
+                                                         max_num_batched_tokens=budget, batch_policy=policy))
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
     busy_tokens = busy_slot_steps = 0
     busy_seconds = 0.0
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output", type=int, default=192)
     parser.add_argument("--prompt-words", type=int, nargs=2, default=(8, 48), metavar=("MIN", "MAX"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "hf-cb", "static"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots),
         "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget),
+        "request": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget, "request"),
         "hf-cb": lambda: run_hf_continuous(model, tokenizer, workload, args.slots, args.budget),
         "static": lambda: run_static(model, tokenizer, workload, args.slots),
     }

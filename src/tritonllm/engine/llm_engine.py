@@ -47,6 +47,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config)
         self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)
         self.stats = EngineStats()
         self._ids = itertools.count()
         self._inbox: deque[Sequence] = deque()
@@ -130,9 +131,12 @@ class LLMEngine:
         return outputs
 
     def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
-        batch = [Chunk(c.seq.slot, token_slice(c.seq, c.start, c.num_tokens), c.start, c.samples) for c in chunks]
+        batch = [Chunk(c.seq.slot, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
+                       c.start, c.samples) for c in chunks]
         logits = self.runner.forward(batch)
         for c in chunks:
+            if c.padding:
+                continue
             c.seq.num_computed += c.num_tokens
             if c.start < c.seq.num_prompt:
                 self.stats.prompt_tokens += min(c.num_tokens, c.seq.num_prompt - c.start)

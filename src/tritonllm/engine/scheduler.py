@@ -6,6 +6,10 @@ Pure Python (no torch), so it is tested on its own. Each step:
 3. waiting sequences are admitted first-come first-served while a slot is free,
 all under `max_num_batched_tokens`. A slot holds a whole sequence (prompt + max_tokens), so an
 admitted sequence never runs out of KV room and nothing needs preempting.
+
+With `batch_policy="request"` the same scheduler does request-level (static/dynamic) batching:
+waiting sequences are admitted only when the batch is empty, and a finished sequence keeps its
+row in the forward (fed padding, as `model.generate` does) until the batch's longest member ends.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # slots: sequences in one forward
     max_model_len: int = 2048  # prompt + generated tokens of one sequence
     max_num_batched_tokens: int = 512  # tokens in one forward (decodes + prefill chunks)
+    batch_policy: str = "continuous"  # or "request": a batch is admitted together and runs to its end
 
     def __post_init__(self) -> None:
+        if self.batch_policy not in ("continuous", "request"):
+            raise ValueError(f"batch_policy must be 'continuous' or 'request', got {self.batch_policy!r}")
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -38,11 +45,12 @@ class ScheduledChunk:
     seq: Sequence
     start: int  # first token position computed in this step
     num_tokens: int
+    padding: bool = False  # a finished row kept in a request-level batch: computed, never sampled
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the sequence's last known token, so a new token is sampled."""
-        return self.start + self.num_tokens == self.seq.num_tokens
+        return not self.padding and self.start + self.num_tokens == self.seq.num_tokens
 
 
 class Scheduler:
@@ -51,6 +59,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(config.max_num_seqs - 1, -1, -1))
+        self.padded: list[Sequence] = []  # request policy: finished rows still in the batch
 
     def check_fits(self, seq: Sequence) -> None:
         """Raise ValueError if the sequence could never run."""
@@ -83,6 +92,10 @@ class Scheduler:
                 break
             chunks.append(self._prefill_chunk(seq, budget))
             budget -= chunks[-1].num_tokens
+        if self.config.batch_policy == "request":
+            if self.running:  # the batch runs on with its finished rows as padding; nobody joins
+                last = self.config.max_model_len - 1
+                return chunks + [ScheduledChunk(s, min(s.num_tokens, last), 1, padding=True) for s in self.padded]
         while self.waiting and self.free_slots and budget > 0:
             seq = self.waiting.popleft()
             seq.slot = self.free_slots.pop()
@@ -107,8 +120,16 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         if seq.slot is not None:
-            self.free_slots.append(seq.slot)
-            seq.slot = None
+            if self.config.batch_policy == "request" and reason != "abort":
+                self.padded.append(seq)  # its slot frees when the whole batch has ended
+            else:
+                self.free_slots.append(seq.slot)
+                seq.slot = None
+        if self.padded and not self.running:  # the batch has ended: every row frees its slot
+            for done in self.padded:
+                self.free_slots.append(done.slot)
+                done.slot = None
+            self.padded.clear()
 
     def find(self, request_id: str) -> Sequence | None:
         for seq in (*self.running, *self.waiting):

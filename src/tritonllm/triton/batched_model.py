@@ -2,13 +2,15 @@
 
 Triton hands `execute()` up to max_batch_size requests; they run together, with the same model
 runner and sampler as the in-flight engine, until the longest one ends. Rows that finish early
-stop sampling, but nothing joins until the whole batch is done: that is the scheme being
-compared. Only `dynamic_batching` in config.pbtxt differs between the two models.
+stop sampling but stay in the forward as padding, as in `model.generate` (the batch has a fixed
+shape), and nothing joins until the whole batch is done: that is the scheme being compared.
+Only `dynamic_batching` in config.pbtxt differs between the two models.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
 from tritonllm.models import load_model
@@ -22,7 +24,8 @@ class BatchedModel:
         self.model_name = args["model_name"]
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
-        self.engine = LLMEngine(model, tokenizer, pb.engine_config(params, max_num_seqs=max_batch_size))
+        config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
+        self.engine = LLMEngine(model, tokenizer, config)
 
     def execute(self, requests):
         responses = [None] * len(requests)
