@@ -447,7 +447,7 @@ def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
             events += line.startswith(b"data: ")
             if events == 3:
                 break
-        assert metric(triton_server, "tritonllm_num_requests_running") == 1
+        assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 1, 2) == 1
     # Leaving the block closed the connection: Triton cancels the request, the engine frees its slot.
     running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
     assert running == 0, "the sequence kept running after its client went away"

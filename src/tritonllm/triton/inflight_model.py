@@ -23,6 +23,7 @@ from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest, RequestError
 
 log = logging.getLogger(__name__)
+CANCEL_POLL_S = 0.05  # cancelled requests leave within a step (a CPU step takes ~0.1 s)
 
 
 @dataclass
@@ -38,13 +39,16 @@ class OpenRequest:
 class InflightModel:
     def initialize(self, args):
         params = pb.model_parameters(args)
-        model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
-        self.engine = LLMEngine(model, tokenizer, pb.engine_config(params))
+
+        def build() -> LLMEngine:
+            model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
+            return LLMEngine(model, tokenizer, pb.engine_config(params))
+
+        self.engine = LLMEngine.start_in_thread(build)  # torch never runs on this (the stub's) thread
         self.max_queue_size = int(params.get("max_queue_size", "256"))
         self.metrics = InflightMetrics(args["model_name"], self.engine)
         self.open: dict[str, OpenRequest] = {}
         self.outbox: queue.Queue[RequestOutput | None] = queue.Queue()  # None: stop the sender
-        self.engine.start()
         self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
         self.sender_thread.start()
 
@@ -70,9 +74,10 @@ class InflightModel:
         return None
 
     def _send_loop(self) -> None:
+        next_poll = 0.0
         while True:
             try:
-                out = self.outbox.get(timeout=0.05)
+                out = self.outbox.get(timeout=CANCEL_POLL_S)
                 if out is None:  # finalize() is done with the engine
                     return
                 self._send(out)
@@ -81,9 +86,11 @@ class InflightModel:
             except Exception:  # this thread must survive anything, or every open stream would hang
                 log.exception("llm_inflight: sending a response failed")
             try:
-                if self.outbox.empty():
-                    self._poll_cancelled()
+                if self.outbox.empty():  # a step's outputs are all sent
                     self.metrics.update_gauges()
+                    if time.monotonic() >= next_poll:  # each poll is a call per request into the server
+                        self._poll_cancelled()
+                        next_poll = time.monotonic() + CANCEL_POLL_S
             except Exception:
                 log.exception("llm_inflight: polling cancellation or updating metrics failed")
 
