@@ -264,6 +264,22 @@ class TritonLLMUser:
                                              response_time=seconds * 1000.0, response_length=length,
                                              exception=exception, context={})
 
+    def _post_measured(self, endpoint: str, body: dict, m, read, stream: bool = False) -> None:
+        """POST to the model's endpoint; `read(resp, m)` takes the tokens and returns an error or None.
+        The HTTP request's own Locust event becomes the e2e event."""
+        try:
+            with self.client.post(f"/v2/models/{self.target}/{endpoint}", json=body, stream=stream,
+                                  catch_response=True, name="e2e", timeout=self.timeout) as resp:
+                sample = m.finish(_http_error(resp) if resp.status_code != 200 else read(resp, m))
+                _as_e2e(resp, self.request_type, sample)
+        except GreenletExit:
+            self._record(m.interrupt(), fire_e2e=False)
+            raise
+        except Exception as exc:  # noqa: BLE001  (a broken stream: not reported by the with-block)
+            self._record(m.finish(f"{type(exc).__name__}: {exc}"))  # fires the failed e2e itself
+            return
+        self._record(sample, fire_e2e=False)
+
     def _record(self, sample: Sample, fire_e2e: bool = True):
         """Locust events for each stage, then the raw sample (to the file, or to the master)."""
         if sample.interrupted:
@@ -366,32 +382,19 @@ class SseStreamUser(TritonLLMUser, HttpUser):
     @task
     def generate(self):
         spec, m = self._begin()
-        error = None
-        try:
-            with self.client.post(f"/v2/models/{self.target}/generate_stream",
-                                  json=protocol.generate_body(spec, stream=True), stream=True,
-                                  catch_response=True, name="e2e", timeout=self.timeout) as resp:
-                if resp.status_code != 200:
-                    error = _http_error(resp)
-                else:
-                    for line in resp.iter_lines(chunk_size=None):
-                        event = protocol.parse_sse_line(line)
-                        if event is None:
-                            continue
-                        if "error" in event:  # every event: an error can come after tokens
-                            error = str(event["error"])
-                            break
-                        m.tokens(protocol.event_tokens(event))
-                sample = m.finish(error)
-                _as_e2e(resp, self.request_type, sample)
-        except GreenletExit:
-            self._record(m.interrupt(), fire_e2e=False)
-            raise
-        except Exception as exc:  # noqa: BLE001  (a broken stream: not reported by the with-block)
-            sample = m.finish(f"{type(exc).__name__}: {exc}")
-            self._record(sample)  # fires the failed e2e itself
-            return
-        self._record(sample, fire_e2e=False)  # the HTTP request itself was the e2e event
+        self._post_measured("generate_stream", protocol.generate_body(spec, stream=True), m, self._read_events,
+                            stream=True)
+
+    @staticmethod
+    def _read_events(resp, m) -> str | None:
+        for line in resp.iter_lines(chunk_size=None):
+            event = protocol.parse_sse_line(line)
+            if event is None:
+                continue
+            if "error" in event:  # every event: an error can come after tokens
+                return str(event["error"])
+            m.tokens(protocol.event_tokens(event))
+        return None
 
 
 class GrpcInferUser(TritonLLMUser, User):
@@ -439,23 +442,15 @@ class HttpInferUser(TritonLLMUser, HttpUser):
     @task
     def generate(self):
         spec, m = self._begin()
-        error = None
+        self._post_measured("infer", protocol.infer_body(spec), m, self._read_answer)
+
+    @staticmethod
+    def _read_answer(resp, m) -> str | None:
         try:
-            with self.client.post(f"/v2/models/{self.target}/infer", json=protocol.infer_body(spec),
-                                  catch_response=True, name="e2e", timeout=self.timeout) as resp:
-                if resp.status_code != 200:
-                    error = _http_error(resp)
-                else:
-                    try:
-                        m.tokens(protocol.infer_output_tokens(resp.json()))
-                    except ValueError as exc:
-                        error = str(exc)
-                sample = m.finish(error)
-                _as_e2e(resp, self.request_type, sample)
-        except GreenletExit:
-            self._record(m.interrupt(), fire_e2e=False)
-            raise
-        self._record(sample, fire_e2e=False)
+            m.tokens(protocol.infer_output_tokens(resp.json()))
+        except ValueError as exc:
+            return str(exc)
+        return None
 
 
 def _close(*steps) -> None:
