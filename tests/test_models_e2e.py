@@ -636,3 +636,44 @@ def test_batched_optional_outputs_and_trtllm_scalars(triton_server, tiny_model):
                     return_finish_reason=True, return_num_output_tokens=True).json()
     assert body.get("finish_reason") == "length" and body.get("num_output_tokens") == n, body
     assert body["text_output"] == text_of(result)
+
+
+# ---------------------------------------------------------------- bounded waiting queue
+
+def test_a_full_waiting_queue_answers_unavailable_and_recovers(tmp_path):
+    """One slot, room for one waiting request: a third concurrent request is refused, not queued."""
+    import shutil
+
+    from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY, TritonServer, find_free_ports
+
+    repo = tmp_path / "repo"
+    shutil.copytree(DEFAULT_MODEL_REPOSITORY / "llm_inflight", repo / "llm_inflight")
+    config = repo / "llm_inflight" / "config.pbtxt"
+    text = config.read_text()
+    for key, value in (("max_num_seqs", "1"), ("max_queue_size", "1")):
+        text = re.sub(rf'(key: "{key}", value: {{ string_value: ")\d+', rf"\g<1>{value}", text)
+    config.write_text(text)
+    http, grpc, metrics = find_free_ports(3)
+    with TritonServer(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                      log_file=tmp_path / "server.log", env={"TRITONLLM_MODEL": "tiny"}) as server:
+        long = {"text_input": "Hi", "stream": True,
+                "sampling_parameters": {"max_tokens": 1500, "ignore_eos": True, "temperature": 0}}
+        stream = GrpcStream(server)
+        try:
+            stream.send("running", **long)
+            stream.wait_first_piece(["running"])
+            stream.send("waiting", **long)
+            deadline = time.monotonic() + 10
+            while metric(server, "tritonllm_num_requests_waiting") < 1:
+                assert time.monotonic() < deadline, "the second request never waited"
+                time.sleep(0.05)
+            stream.send("refused", **long)
+            with stream.changed:
+                assert stream.changed.wait_for(lambda: stream.errors, TIMEOUT)
+            assert "queue is full" in stream.errors[0]
+        finally:
+            stream.close(cancel=True)
+        # The refused request left nothing behind; after the cancel the model serves again.
+        assert wait_for_metric(server, "tritonllm_num_requests_running", lambda v: v == 0, 5) == 0
+        res = stream_one(server, text_input="Hi", sampling_parameters={"max_tokens": 3, "temperature": 0})
+        assert res.finals == 1
