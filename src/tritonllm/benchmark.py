@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 
 import torch
@@ -23,19 +22,12 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 from tritonllm.models import load_model
 
-WORDS = ("the model serves tokens while a batch runs and short requests leave early so that waiting "
-         "ones can start at once on the next step of the engine loop").split()
+def make_workload(n: int, output_tokens: str, prompt_words: str, seed: int) -> list[tuple[str, int]]:
+    """(prompt, output length) pairs: the load test's own workload (shipped prompts), so both agree."""
+    from tritonllm_loadtest.workload import Workload
 
-
-def make_workload(n: int, mean_output: int, max_output: int, min_prompt: int, max_prompt: int,
-                  seed: int) -> list[tuple[str, int]]:
-    """(prompt, output length) pairs: uniform prompt words, capped exponential output lengths."""
-    rng = random.Random(seed)
-    requests = []
-    for _ in range(n):
-        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(min_prompt, max_prompt)))
-        requests.append((prompt, max(1, min(max_output, round(rng.expovariate(1 / mean_output))))))
-    return requests
+    workload = Workload(output_tokens=output_tokens, prompt_words=prompt_words, seed=seed)
+    return [(spec.prompt, spec.max_tokens) for spec in map(workload.request, range(n))]
 
 
 def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str = "continuous") -> dict:
@@ -132,18 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--slots", type=int, default=8, help="max_num_seqs = static batch size")
     parser.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
-    parser.add_argument("--mean-output", type=int, default=48)
-    parser.add_argument("--max-output", type=int, default=192)
-    parser.add_argument("--prompt-words", type=int, nargs=2, default=(8, 48), metavar=("MIN", "MAX"))
+    parser.add_argument("--output-tokens", default="exp:48:192",
+                        help="output length distribution: fixed:N, uniform:A:B or exp:MEAN:CAP (capped exponential)")
+    parser.add_argument("--prompt-words", default="uniform:8:48", help="prompt length distribution, in words")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, "cpu" if not torch.cuda.is_available() else None)
-    workload = make_workload(args.requests, args.mean_output, args.max_output, *args.prompt_words, args.seed)
+    workload = make_workload(args.requests, args.output_tokens, args.prompt_words, args.seed)
     print(f"model={args.model} requests={args.requests} slots={args.slots} budget={args.budget} "
-          f"output tokens={sum(n for _, n in workload)} (mean {args.mean_output}, cap {args.max_output}) "
+          f"output tokens={sum(n for _, n in workload)} ({args.output_tokens}), prompt words {args.prompt_words}, "
           f"threads={torch.get_num_threads()}", flush=True)
     runs = {
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots),

@@ -1,0 +1,22 @@
+"""The engine benchmark command runs end to end (tiny model, few requests); figures live in docs/."""
+
+from __future__ import annotations
+
+import json
+
+from tritonllm import benchmark
+
+
+def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert benchmark.main(["--model", "tiny", "--requests", "10", "--output-tokens", "exp:8:24",
+                           "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"ceiling", "engine", "request", "hf-cb", "static"}
+    requested = sum(n for _, n in benchmark.make_workload(10, "exp:8:24", "uniform:8:48", 0))
+    for name in ("engine", "request", "hf-cb", "static"):
+        assert "error" not in results[name], results[name]
+        assert results[name]["tokens"] == requested and results[name]["tokens_per_s"] > 0
+    assert results["engine"]["slot_utilisation_while_waiting"] == 1.0
+    printed = capsys.readouterr().out
+    assert "engine / hf-cb" in printed and "engine / static" in printed
