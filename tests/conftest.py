@@ -1,25 +1,38 @@
 """Shared fixtures: one real tritonserver serving the repository's three models on free loopback ports.
 
 The models run the tiny random Llama (TRITONLLM_MODEL=tiny) so the suite stays fast on CPU;
-a few tests load the bundled SmolLM2 in-process.
+a few tests load the bundled SmolLM2 in-process. The server runs with the test-only faults on
+(engine/faults.py): a prompt with `[[hold:N]]` makes a request that cannot finish by itself, so
+tests that need a request still running are certain of it.
+
+When a test that uses a server fails, its report carries what that server logged during the
+test (pytest prints it under the failure; `-rfE` lists every failure at the end).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from tritonllm.engine import faults
 from tritonllm.models import load_model
 from tritonllm.server.launcher import TritonServer, find_free_ports
+
+TEST_SERVER_ENV = {"TRITONLLM_MODEL": "tiny", faults.ENV: "1"}
+LOG_LINES_ON_FAILURE = 200
+
+
+def start_test_server(log_dir, **options) -> TritonServer:
+    """A started tritonserver on free loopback ports with the tiny model and test faults on."""
+    http, grpc, metrics = find_free_ports(3)
+    server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log_dir / "server.log",
+                          env=TEST_SERVER_ENV, ready_timeout=180, **options)
+    return server.start()
 
 
 @pytest.fixture(scope="session")
 def triton_server(tmp_path_factory):
     """The repository's model_repository/ on a real tritonserver (tiny model), stopped at the end."""
-    http, grpc, metrics = find_free_ports(3)
-    log = tmp_path_factory.mktemp("triton") / "server.log"
-    server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log,
-                          env={"TRITONLLM_MODEL": "tiny"}, ready_timeout=180)
-    server.start()
+    server = start_test_server(tmp_path_factory.mktemp("triton"))
     yield server
     server.stop()
 
@@ -28,3 +41,35 @@ def triton_server(tmp_path_factory):
 def tiny_model():
     """The same tiny model the server runs, in-process: (model, tokenizer)."""
     return load_model("tiny", "cpu")
+
+
+# ---------------------------------------------------------------- server logs of failed tests
+
+_LOG_OFFSETS = pytest.StashKey[dict]()
+
+
+def _servers(item) -> list[TritonServer]:
+    return [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, TritonServer)]
+
+
+def _log_size(server: TritonServer) -> int:
+    try:
+        return server.log_file.stat().st_size
+    except OSError:
+        return 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "setup":
+        item.stash[_LOG_OFFSETS] = {id(s): _log_size(s) for s in _servers(item)}
+    if not report.failed:
+        return
+    offsets = item.stash.get(_LOG_OFFSETS, {})
+    for server in _servers(item):
+        with open(server.log_file, "rb") as log:
+            log.seek(offsets.get(id(server), 0))
+            lines = log.read().decode(errors="replace").splitlines()[-LOG_LINES_ON_FAILURE:]
+        report.sections.append((f"tritonserver log during this test ({server.log_file})", "\n".join(lines)))

@@ -496,3 +496,26 @@ def test_request_level_policy_gives_the_same_text_and_pays_for_padding(tiny):
     assert [o.text for o in got] == [o.text for o in expected]
     # Finished rows stayed in every forward until the longest (9 tokens) ended.
     assert request.stats.decode_steps == 9 and len(request.scheduler.free_slots) == 4
+
+
+def test_held_request_keeps_its_slot_until_aborted(tiny, monkeypatch):
+    """The test-only fault `[[hold:N]]`: N tokens, then no compute and no finish until aborted."""
+    from tritonllm.engine import faults
+
+    engine = make_engine(tiny, max_num_seqs=2)
+    collect = Collector()
+    long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    unheld = engine.add_request(faults.hold_prompt(3, "ignored without the switch"), long, collect)
+    monkeypatch.setenv(faults.ENV, "1")
+    held = engine.add_request(faults.hold_prompt(3, "Hello"), long, collect)
+    other = engine.add_request("Hello", SamplingParams(temperature=0, max_tokens=5), collect)
+    for _ in range(200):  # far more steps than the unheld requests need
+        engine.step()
+    assert collect.final(unheld).num_output_tokens == 50  # the switch is read per request, when it arrives
+    assert collect.final(other).finish_reason == "length"
+    assert len(collect.tokens(held)) == 3 and not collect.outputs[held][-1].finished
+    assert engine.num_running == 1 and engine.stats.tokens_generated == 50 + 5 + 3
+    engine.abort(held)
+    engine.step()
+    assert collect.final(held).finish_reason == "abort" and engine.num_running == 0
+    assert not engine.has_unfinished()

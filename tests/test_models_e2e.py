@@ -3,9 +3,16 @@
 Every protocol each model supports, greedy output equal to in-process Hugging Face `generate`,
 batching visible in Triton's statistics and our metrics, cancellation, per-request errors,
 seeded sampling and the optional outputs. Every wait has a timeout so that a bug fails the test
-instead of hanging it. `llm_static` waits up to 5 s for a full batch of 8: it only ever gets
-requests in groups of 8, all with the same set of inputs (Triton's batcher never batches requests
-whose input sets differ; such a request dispatches the pending batch at once).
+instead of hanging it, and every wait is on a condition the server reports (a response, a metric,
+Triton's statistics), never on a window a busy machine can miss:
+- a request that must still be running is held by the test-only fault `[[hold:N]]` (it cannot
+  finish by itself; see engine/faults.py);
+- a test that needs full batches sends them to `strict_server`, whose batching models dispatch a
+  batch only when it is full (queue delay 10 min), so a batch of 8 is certain, not likely. Triton's
+  batcher never batches requests whose input sets differ, so every request of such a batch sends
+  the same set of inputs;
+- Triton publishes a batch's statistics, and our sender thread its metrics, just after the
+  responses go out: tests wait until the numbers arrive.
 """
 
 from __future__ import annotations
@@ -23,11 +30,16 @@ import requests
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from conftest import start_test_server
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from tritonllm.engine.faults import hold_prompt
+from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
 
 BATCHED = ("llm_dynamic", "llm_static")
 STATIC_BATCH = 8  # llm_static's preferred (and max) batch size
 TIMEOUT = 60  # seconds any one request may take before the test fails
+SETTLE = 30  # seconds a number the server reports may take to arrive (it comes within a step)
 GREEDY = {"temperature": 0}
 SEEDED = {"temperature": 0.8, "seed": 123, "max_tokens": 16}
 
@@ -227,13 +239,62 @@ def metric(server, name: str, model: str = "llm_inflight") -> float:
     return float(match.group(1))
 
 
-def wait_for_metric(server, name: str, predicate, timeout: float) -> float:
+def wait_for_metric(server, name: str, predicate, timeout: float = SETTLE, model: str = "llm_inflight") -> float:
+    """The metric's value once `predicate` holds, or its last value after `timeout` (the caller asserts)."""
     deadline = time.monotonic() + timeout
     while True:
-        value = metric(server, name)
+        value = metric(server, name, model)
         if predicate(value) or time.monotonic() > deadline:
             return value
         time.sleep(0.05)
+
+
+def wait_for_batches(server, model: str, before: dict, predicate, timeout: float = SETTLE) -> dict[int, int]:
+    """Batches run since `before` (size -> count) once `predicate` holds, or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        after = batch_counts(model_stats(server, model))
+        grown = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+        if predicate(grown) or time.monotonic() > deadline:
+            return grown
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- a server whose batches are certain
+
+def configured_repository(dest, models: dict[str, dict[str, str]]):
+    """A copy of model_repository/ with only `models`, each config.pbtxt edited: {regex: replacement}."""
+    import shutil
+
+    for model, edits in models.items():
+        shutil.copytree(DEFAULT_MODEL_REPOSITORY / model, dest / model)
+        config = dest / model / "config.pbtxt"
+        text = config.read_text()
+        for pattern, replacement in edits.items():
+            text, n = re.subn(pattern, replacement, text)
+            assert n == 1, f"{model}: {pattern!r} matched {n} times"
+        config.write_text(text)
+    return dest
+
+
+def engine_parameter(key: str, value: str) -> dict[str, str]:
+    return {rf'(key: "{key}", value: {{ string_value: ")[^"]*': rf"\g<1>{value}"}
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory):
+    """Batching models that dispatch only full batches of 8, and llm_inflight with 1 slot and room for
+    1 waiting request. The shipped 5 s / 50 ms delays are tested against `triton_server`."""
+    full_batches_only = {r"max_queue_delay_microseconds: \d+": "max_queue_delay_microseconds: 600000000"}
+    root = tmp_path_factory.mktemp("strict")
+    repo = configured_repository(root / "repo", {
+        "llm_static": full_batches_only,
+        "llm_dynamic": full_batches_only,
+        "llm_inflight": {**engine_parameter("max_num_seqs", "1"), **engine_parameter("max_queue_size", "1")},
+    })
+    server = start_test_server(root, model_repository=repo)
+    yield server
+    server.stop()
 
 
 # ---------------------------------------------------------------- reference
@@ -318,8 +379,10 @@ def test_inflight_refuses_unary_infer_without_hanging(triton_server):
 
 
 @pytest.mark.parametrize("model", BATCHED)
-def test_batched_models_over_http_infer_grpc_infer_and_generate(triton_server, reference, model):
-    """One batch of 8 (llm_static does not wait): 3 HTTP infer, 3 gRPC infer, 2 HTTP generate."""
+def test_batched_models_over_http_infer_grpc_infer_and_generate(strict_server, reference, model):
+    """One batch of 8: 3 HTTP infer, 3 gRPC infer, 2 HTTP generate."""
+    triton_server = strict_server
+    before = batch_counts(model_stats(triton_server, model))
     prompts = [(PROMPTS[i], 3 + i) for i in range(STATIC_BATCH)]
     params = lambda n: {**GREEDY, "max_tokens": n}  # noqa: E731
     calls = []
@@ -333,15 +396,14 @@ def test_batched_models_over_http_infer_grpc_infer_and_generate(triton_server, r
         else:
             calls.append(lambda p=prompt, n=n: generate(triton_server, model, text_input=p,
                                                         sampling_parameters=json.dumps(params(n))).json())
-    t0 = time.monotonic()
     got = concurrently(calls)
-    if model == "llm_static":
-        assert time.monotonic() - t0 < 4, "a full batch of 8 waited for llm_static's queue delay"
     for i, ((prompt, n), out) in enumerate(zip(prompts, got)):
         if isinstance(out, dict):
             assert "text_output" in out, out
             out = out["text_output"]
         assert out == prompt + reference(prompt, n), f"request {i}"  # not streaming: the prompt is echoed
+    grown = wait_for_batches(triton_server, model, before, lambda g: g)
+    assert grown == {STATIC_BATCH: 1}, f"the 8 requests did not run as one batch: {grown}"
 
 
 # ---------------------------------------------------------------- greedy under load, batching visible
@@ -356,7 +418,7 @@ def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, refere
         for i, (rid, (prompt, n)) in enumerate(zip(ids, MIXED)):
             # Half stream, half answer at the end; neither echoes the prompt.
             stream.send(rid, text_input=prompt, stream=i % 2 == 0, exclude_input_in_output=True,
-                        sampling_parameters={**GREEDY, "max_tokens": n})
+                        return_num_output_tokens=True, sampling_parameters={**GREEDY, "max_tokens": n})
         stream.wait(ids)
         assert not stream.errors, stream.errors
     finally:
@@ -365,17 +427,21 @@ def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, refere
                   if stream.results[rid].text != reference(prompt, n)]
     assert not mismatches, f"{len(mismatches)}/16 differ from HF generate: {mismatches[:3]}"
     assert all(stream.results[rid].finals == 1 and stream.results[rid].after_final == 0 for rid in ids)
-    # Counters are published by the sender thread; give it a moment after the last response.
-    time.sleep(0.3)
-    tokens = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
-    steps = metric(triton_server, "tritonllm_steps_total") - steps0
-    assert tokens >= sum(1 for _ in MIXED) and steps > 0
-    assert tokens / steps > 1.5, f"{tokens} tokens in {steps} steps: sequences did not share steps"
+    # Streamed responses count their own new tokens, whole ones all of them: the sum is every token.
+    expected = sum(scalar(r, "num_output_tokens") for rid in ids for r in stream.results[rid].results)
+    assert expected >= len(MIXED)
+    # The sender thread publishes the counters just after the responses go out: wait for them.
+    tokens = wait_for_metric(triton_server, "tritonllm_generation_tokens_total", lambda v: v - tokens0 >= expected)
+    assert tokens - tokens0 == expected
+    steps = wait_for_metric(triton_server, "tritonllm_steps_total", lambda v: v > steps0) - steps0
+    assert expected / steps > 1.5, f"{expected} tokens in {steps} steps: sequences did not share steps"
 
 
 @pytest.mark.parametrize("model", BATCHED)
-def test_batched_concurrent_greedy_matches_hf_and_batches(triton_server, reference, model):
-    before = model_stats(triton_server, model)
+def test_batched_concurrent_greedy_matches_hf_and_batches(strict_server, reference, model):
+    """16 requests make exactly two batches of 8 (the strict server sends only full batches)."""
+    triton_server = strict_server
+    before = batch_counts(model_stats(triton_server, model))
     calls = []
     for i, (prompt, n) in enumerate(MIXED):
         body = dict(text_input=prompt, exclude_input_in_output=True, sampling_parameters={**GREEDY, "max_tokens": n})
@@ -388,47 +454,40 @@ def test_batched_concurrent_greedy_matches_hf_and_batches(triton_server, referen
     mismatches = [(i, prompt, n, text) for i, ((prompt, n), text) in enumerate(zip(MIXED, got))
                   if text != reference(prompt, n)]
     assert not mismatches, f"{len(mismatches)}/16 differ from HF generate: {mismatches[:3]}"
-    after = model_stats(triton_server, model)
-    inferences = int(after["inference_count"]) - int(before["inference_count"])
-    executions = int(after["execution_count"]) - int(before["execution_count"])
-    assert inferences == 16
-    assert executions < inferences, f"{executions} executions for {inferences} requests: nothing was batched"
-    grown = {size: count - batch_counts(before).get(size, 0) for size, count in batch_counts(after).items()}
-    assert any(size > 1 and count > 0 for size, count in grown.items()), grown
-    if model == "llm_static":
-        assert grown.get(STATIC_BATCH, 0) >= 1, f"llm_static never ran a full batch: {grown}"
+    grown = wait_for_batches(triton_server, model, before, lambda g: sum(s * n for s, n in g.items()) >= 16)
+    assert grown == {STATIC_BATCH: 2}, f"16 requests did not run as two batches of 8: {grown}"
 
 
 # ---------------------------------------------------------------- cancellation
 
 
 def test_cancelled_stream_frees_running_and_waiting_sequences(triton_server, reference):
-    """10 long requests on 8 slots (streamed and not), then stop_stream(cancel_requests=True)."""
-    slots, n, max_tokens = 8, 10, 2000
-    long = {**GREEDY, "max_tokens": max_tokens, "ignore_eos": True}
-    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10)
+    """10 held requests on 8 slots (streamed and not), then stop_stream(cancel_requests=True)."""
+    slots, n, hold = 8, 10, 20
+    long = {**GREEDY, "max_tokens": 2000, "ignore_eos": True}
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0)
     assert running == 0, "an earlier test left sequences running"
     tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
     stream = GrpcStream(triton_server)
     ids = [f"long{i}" for i in range(n)]
     try:
         for i, rid in enumerate(ids):
-            stream.send(rid, text_input=f"{rid} says hi", stream=i < 5, sampling_parameters=long)
+            stream.send(rid, text_input=hold_prompt(hold, f"{rid} says hi"), stream=i < 5, sampling_parameters=long)
         stream.wait_first_piece(ids[:5])
-        running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == slots, 10)
+        running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == slots)
         assert running == slots, f"the gauge never showed {slots} sequences running together (last {running})"
-        assert metric(triton_server, "tritonllm_num_requests_waiting") == n - slots
+        waiting = wait_for_metric(triton_server, "tritonllm_num_requests_waiting", lambda v: v == n - slots)
+        assert waiting == n - slots
     finally:
         t0 = time.monotonic()
         stream.close(cancel=True)
         assert time.monotonic() - t0 < 10, "stop_stream(cancel_requests=True) hung"
-    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
-    assert running == 0, f"{running} sequences still running 5 s after the stream was cancelled"
-    assert metric(triton_server, "tritonllm_num_requests_waiting") == 0
-    time.sleep(0.3)
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0)
+    assert running == 0, f"{running} sequences still running {SETTLE} s after the stream was cancelled"
+    assert wait_for_metric(triton_server, "tritonllm_num_requests_waiting", lambda v: v == 0) == 0
     generated = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
-    assert generated < slots * max_tokens / 2, f"{generated} tokens: the cancelled requests ran on"
-    assert not any(stream.results[rid].finals for rid in ids), "a long request ended by itself"
+    assert generated <= slots * hold, f"{generated} tokens: more than the running requests' {hold} each"
+    assert not any(stream.results[rid].finals for rid in ids), "a held request ended by itself"
     # The engine still serves.
     res = stream_one(triton_server, text_input=PROMPTS[0], sampling_parameters={**GREEDY, "max_tokens": 5},
                      exclude_input_in_output=True)
@@ -436,10 +495,10 @@ def test_cancelled_stream_frees_running_and_waiting_sequences(triton_server, ref
 
 
 def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
-    max_tokens = 2000
-    assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 10) == 0
+    hold = 5
+    assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0) == 0
     tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
-    body = {"text_input": "Hi", "stream": True, "max_tokens": max_tokens, "ignore_eos": True}
+    body = {"text_input": hold_prompt(hold, "Hi"), "stream": True, "max_tokens": 2000, "ignore_eos": True}
     with requests.post(f"http://{triton_server.http_url}/v2/models/llm_inflight/generate_stream", json=body,
                        stream=True, timeout=TIMEOUT) as response:
         events = 0
@@ -447,12 +506,12 @@ def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
             events += line.startswith(b"data: ")
             if events == 3:
                 break
-        assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 1, 2) == 1
+        # Held after 5 tokens: it is running until its client goes away, whatever the machine's speed.
+        assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 1) == 1
     # Leaving the block closed the connection: Triton cancels the request, the engine frees its slot.
-    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0, 5)
+    running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0)
     assert running == 0, "the sequence kept running after its client went away"
-    time.sleep(0.3)
-    assert metric(triton_server, "tritonllm_generation_tokens_total") - tokens0 < max_tokens / 2
+    assert metric(triton_server, "tritonllm_generation_tokens_total") - tokens0 <= hold
 
 
 # ---------------------------------------------------------------- bad requests
@@ -508,7 +567,7 @@ def test_dynamic_bad_request_gets_its_error_then_serves(triton_server, case):
     assert text_of(grpc_infer(triton_server, "llm_dynamic", **GOOD)).startswith("Hi")
 
 
-def test_static_batch_with_bad_requests_serves_the_good_ones(triton_server, reference):
+def test_static_batch_with_bad_requests_serves_the_good_ones(strict_server, reference):
     """One full batch of 8: six bad requests and two good ones, each gets its own answer.
 
     Triton's batcher only batches requests that carry the same set of inputs (one with another
@@ -520,12 +579,12 @@ def test_static_batch_with_bad_requests_serves_the_good_ones(triton_server, refe
     bad += [("Hi", BAD[case][0]["sampling_parameters"], BAD[case][1])
             for case in ("invalid_json", "unknown_key", "wrong_type", "out_of_range")]
     good = [(PROMPTS[1], 5), (PROMPTS[2], 7)]
+    triton_server = strict_server
     before = batch_counts(model_stats(triton_server, "llm_static"))
     calls = [lambda p=p, sp=sp: grpc_infer(triton_server, "llm_static", text_input=p, sampling_parameters=sp)
              for p, sp, _ in bad]
     calls += [lambda p=p, n=n: grpc_infer(triton_server, "llm_static", text_input=p,
                                           sampling_parameters={**GREEDY, "max_tokens": n}) for p, n in good]
-    t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
         for (_, _, expected), future in zip(bad, futures):
@@ -534,15 +593,14 @@ def test_static_batch_with_bad_requests_serves_the_good_ones(triton_server, refe
             assert expected in str(err.value)
         for (prompt, n), future in zip(good, futures[len(bad):]):
             assert text_of(future.result(timeout=TIMEOUT)) == prompt + reference(prompt, n)
-    assert time.monotonic() - t0 < 4, "the 8 requests did not make one full batch"
-    after = batch_counts(model_stats(triton_server, "llm_static"))
-    assert after.get(STATIC_BATCH, 0) - before.get(STATIC_BATCH, 0) == 1, (before, after)
+    grown = wait_for_batches(triton_server, "llm_static", before, lambda g: g)
+    assert grown == {STATIC_BATCH: 1}, f"the 8 requests did not make one full batch: {grown}"
 
 
 # ---------------------------------------------------------------- seeded sampling
 
 
-def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
+def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server, strict_server):
     prompt = PROMPTS[2]
     alone = stream_one(triton_server, text_input=prompt, exclude_input_in_output=True, sampling_parameters=SEEDED).text
     assert alone
@@ -553,15 +611,15 @@ def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
     stream = GrpcStream(triton_server)
     busy = [f"busy{i}" for i in range(3)]
     try:
-        for i, rid in enumerate(busy):  # long sampled neighbours, unseeded and seeded otherwise
-            stream.send(rid, text_input=PROMPTS[i], stream=True,
-                        sampling_parameters={"temperature": 1.0, "max_tokens": 400, "ignore_eos": True,
+        for i, rid in enumerate(busy):  # sampled neighbours, unseeded and seeded otherwise, held after 400 tokens
+            stream.send(rid, text_input=hold_prompt(400, PROMPTS[i]), stream=True,
+                        sampling_parameters={"temperature": 1.0, "max_tokens": 1000, "ignore_eos": True,
                                              **({"seed": i} if i else {})})
         stream.wait_first_piece(busy)
         stream.send("seeded", text_input=prompt, exclude_input_in_output=True, sampling_parameters=SEEDED)
         stream.wait(["seeded"])
         assert not stream.errors, stream.errors
-        assert not any(stream.results[rid].finals for rid in busy), "the neighbours ended before the seeded one"
+        assert not any(stream.results[rid].finals for rid in busy), "a held neighbour ended by itself"
     finally:
         stream.close(cancel=True)
     assert stream.results["seeded"].text == alone
@@ -570,6 +628,7 @@ def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
     # (the same set of inputs in every request, else Triton does not batch them together).
     assert text_of(grpc_infer(triton_server, "llm_dynamic", text_input=prompt, exclude_input_in_output=True,
                               sampling_parameters=SEEDED)) == alone
+    triton_server = strict_server
     neighbours = [lambda i=i: grpc_infer(triton_server, "llm_static", text_input=PROMPTS[i],
                                          exclude_input_in_output=True,
                                          sampling_parameters={"temperature": 1.0, "max_tokens": 24 + i})
@@ -578,8 +637,8 @@ def test_seeded_sampling_is_reproducible_alone_and_under_load(triton_server):
                                 exclude_input_in_output=True, sampling_parameters=SEEDED)
     before = batch_counts(model_stats(triton_server, "llm_static"))
     assert text_of(concurrently([seeded, *neighbours])[0]) == alone
-    after = batch_counts(model_stats(triton_server, "llm_static"))
-    assert after.get(STATIC_BATCH, 0) - before.get(STATIC_BATCH, 0) == 1, "the seeded request was not in a batch of 8"
+    grown = wait_for_batches(triton_server, "llm_static", before, lambda g: g)
+    assert grown == {STATIC_BATCH: 1}, f"the seeded request was not in a batch of 8: {grown}"
 
 
 # ---------------------------------------------------------------- optional outputs, TensorRT-LLM inputs
@@ -640,40 +699,27 @@ def test_batched_optional_outputs_and_trtllm_scalars(triton_server, tiny_model):
 
 # ---------------------------------------------------------------- bounded waiting queue
 
-def test_a_full_waiting_queue_answers_unavailable_and_recovers(tmp_path):
+def test_a_full_waiting_queue_answers_unavailable_and_recovers(strict_server):
     """One slot, room for one waiting request: a third concurrent request is refused, not queued."""
-    import shutil
-
-    from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY, TritonServer, find_free_ports
-
-    repo = tmp_path / "repo"
-    shutil.copytree(DEFAULT_MODEL_REPOSITORY / "llm_inflight", repo / "llm_inflight")
-    config = repo / "llm_inflight" / "config.pbtxt"
-    text = config.read_text()
-    for key, value in (("max_num_seqs", "1"), ("max_queue_size", "1")):
-        text = re.sub(rf'(key: "{key}", value: {{ string_value: ")\d+', rf"\g<1>{value}", text)
-    config.write_text(text)
-    http, grpc, metrics = find_free_ports(3)
-    with TritonServer(model_repository=repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                      log_file=tmp_path / "server.log", env={"TRITONLLM_MODEL": "tiny"}) as server:
-        long = {"text_input": "Hi", "stream": True,
-                "sampling_parameters": {"max_tokens": 1500, "ignore_eos": True, "temperature": 0}}
-        stream = GrpcStream(server)
-        try:
-            stream.send("running", **long)
-            stream.wait_first_piece(["running"])
-            stream.send("waiting", **long)
-            deadline = time.monotonic() + 10
-            while metric(server, "tritonllm_num_requests_waiting") < 1:
-                assert time.monotonic() < deadline, "the second request never waited"
-                time.sleep(0.05)
-            stream.send("refused", **long)
-            with stream.changed:
-                assert stream.changed.wait_for(lambda: stream.errors, TIMEOUT)
-            assert "queue is full" in stream.errors[0]
-        finally:
-            stream.close(cancel=True)
-        # The refused request left nothing behind; after the cancel the model serves again.
-        assert wait_for_metric(server, "tritonllm_num_requests_running", lambda v: v == 0, 5) == 0
-        res = stream_one(server, text_input="Hi", sampling_parameters={"max_tokens": 3, "temperature": 0})
-        assert res.finals == 1
+    server = strict_server
+    long = {"text_input": hold_prompt(10, "Hi"), "stream": True,
+            "sampling_parameters": {"max_tokens": 1500, "ignore_eos": True, "temperature": 0}}
+    stream = GrpcStream(server)
+    try:
+        stream.send("running", **long)
+        stream.wait_first_piece(["running"])
+        stream.send("waiting", **long)
+        assert wait_for_metric(server, "tritonllm_num_requests_waiting", lambda v: v == 1) == 1, \
+            "the second request never waited"
+        stream.send("refused", **long)
+        with stream.changed:
+            assert stream.changed.wait_for(lambda: stream.errors, TIMEOUT)
+        assert "queue is full" in stream.errors[0]
+        assert not stream.results["running"].finals and not stream.results["waiting"].finals
+    finally:
+        stream.close(cancel=True)
+    # The refused request left nothing behind; after the cancel the model serves again.
+    assert wait_for_metric(server, "tritonllm_num_requests_running", lambda v: v == 0) == 0
+    assert wait_for_metric(server, "tritonllm_num_requests_waiting", lambda v: v == 0) == 0
+    res = stream_one(server, text_input="Hi", sampling_parameters={"max_tokens": 3, "temperature": 0})
+    assert res.finals == 1

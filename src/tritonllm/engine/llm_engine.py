@@ -18,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+from tritonllm.engine import faults
 from tritonllm.engine.detokenizer import OutputText
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.engine.sampler import Sampler
@@ -77,6 +78,7 @@ class LLMEngine:
         self.scheduler.check_fits(seq)
         seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
         seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
+        seq.hold_after = faults.hold_after(prompt)
         with self._wake:
             self._inbox.append(seq)
             self._wake.notify()
@@ -104,6 +106,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._take_inbox()
         chunks = self.scheduler.schedule()
+        if any(c.seq.held for c in chunks):  # test-only fault: held sequences compute nothing
+            chunks = [c for c in chunks if not c.seq.held]
+            if not chunks:
+                time.sleep(faults.HOLD_IDLE_S)
         if chunks:
             try:
                 outputs += self._run(chunks)
@@ -161,6 +167,9 @@ class LLMEngine:
         seq.token_times.append(now)
         if seq.first_token_time is None:
             seq.first_token_time = now
+        if seq.held:  # test-only fault: never finishes by itself
+            seq.detokenizer.add(token, check_stop=False)
+            return None
         p = seq.params
         may_stop = len(seq.output_ids) >= p.min_tokens
         if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.sampler.eos_token_ids)):
