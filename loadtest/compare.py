@@ -5,6 +5,10 @@ after the other on one server, then a side-by-side report.
     tritonllm-compare --model tiny --max-requests 24 --run-time 30     # a quick look
     tritonllm-compare --url triton.example:8000 --grpc-url triton.example:8001 \
         --metrics-url http://triton.example:8002/metrics --server never
+    tritonllm-compare --openai-url http://127.0.0.1:8080 --openai-name llama.cpp   # + an OpenAI-compatible server
+
+An OpenAI-compatible server (llama.cpp's llama-server, vLLM, TGI) given with --openai-url gets the
+same requests over streaming /v1/completions and becomes one more row of the report.
 
 Starts a local Triton (the repository's model_repository/) when none answers at --url, runs
 headless Locust in a subprocess per scheme (bounded by --run-time and --max-requests), scrapes
@@ -16,6 +20,7 @@ report.md, plots/*.png, summary.json. Exits 1 when the error rate passes --max-e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -76,6 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="TRITONLLM_MODEL for a server this command starts: bundled (SmolLM2-135M), tiny, a HF "
                         "directory or hub id")
     t.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a started server")
+    t.add_argument("--openai-url", default="",
+                   help="also run the workload against this OpenAI-compatible server (/v1/completions, streaming)")
+    t.add_argument("--openai-name", default="openai", help="its scheme name in the report, e.g. llama.cpp")
+    t.add_argument("--openai-model", default="", help="the `model` field its requests carry (default: left out)")
     w = p.add_argument_group("workload")
     w.add_argument("--schemes", default="inflight,dynamic,static", help="comma-separated, run in this order")
     w.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
@@ -106,6 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.schemes if s not in SCHEMES]
     if unknown or not args.schemes:
         p.error(f"unknown scheme(s) {unknown}; choose from {', '.join(SCHEMES)}")
+    if args.openai_url:
+        if args.openai_name in SCHEMES:
+            p.error(f"--openai-name {args.openai_name!r} is one of the Triton schemes; choose another")
+        args.openai_url = args.openai_url if "://" in args.openai_url else f"http://{args.openai_url}"
+        args.schemes.append(args.openai_name)
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
@@ -182,16 +196,14 @@ def check_models(target: Target, models: list[str]) -> None:
         raise SystemExit(f"error: model(s) not ready at {target.base}: {', '.join(missing)}")
 
 
-def warm_up(target: Target, model: str, n: int) -> str | None:
+def warm_up(url: str, body: dict, n: int) -> str | None:
     """n concurrent short requests (a static batch needs a full batch to start): None or an error."""
     if n <= 0:
         return None
-    body = json.dumps({"text_input": "Hello", "max_tokens": 4, "ignore_eos": True,
-                       "exclude_input_in_output": True}).encode()
+    data = json.dumps(body).encode()
 
     def one(_):
-        req = urllib.request.Request(f"{target.base}/v2/models/{model}/generate", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as resp:
             resp.read()
 
@@ -203,11 +215,27 @@ def warm_up(target: Target, model: str, n: int) -> str | None:
     return None
 
 
+def warm_up_scheme(args, target: Target, scheme: str) -> str | None:
+    if scheme in SCHEMES:
+        body = {"text_input": "Hello", "max_tokens": 4, "ignore_eos": True, "exclude_input_in_output": True}
+        return warm_up(f"{target.base}/v2/models/{SCHEMES[scheme]}/generate", body, args.warmup)
+    body = {"prompt": "Hello", "max_tokens": 4, "ignore_eos": True, **({"model": args.openai_model} if args.openai_model else {})}
+    return warm_up(f"{args.openai_url}/v1/completions", body, args.warmup)
+
+
+def scheme_model(args, scheme: str) -> str:
+    return SCHEMES.get(scheme) or args.openai_model or args.openai_name
+
+
 def locust_command(args, target: Target, scheme: str, users: int, run_dir: Path) -> tuple[list[str], str]:
-    user_class = USER_CLASSES[(scheme == "inflight", args.protocol)]
+    if scheme in SCHEMES:
+        user_class = USER_CLASSES[(scheme == "inflight", args.protocol)]
+        where = ["--host", target.base, "--grpc-url", target.grpc, "--triton-model", SCHEMES[scheme]]
+    else:  # the OpenAI-compatible server
+        user_class = "OpenAIStreamUser"
+        where = ["--host", args.openai_url] + (["--openai-model", args.openai_model] if args.openai_model else [])
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-           "-u", str(users), "-r", str(users), "-t", f"{int(round(args.run_time))}s",
-           "--host", target.base, "--grpc-url", target.grpc, "--triton-model", SCHEMES[scheme],
+           "-u", str(users), "-r", str(users), "-t", f"{int(round(args.run_time))}s", *where,
            "--csv", str(run_dir / "locust"), "--html", str(run_dir / "locust.html"),
            "--logfile", str(run_dir / "locust.log"), "--only-summary",
            "--samples-file", str(run_dir / "samples.jsonl"), "--max-requests", str(args.max_requests),
@@ -263,14 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     total_errors = total_finished = 0
     empty_runs = []
     with Target(args, out) as target:
-        check_models(target, [SCHEMES[s] for s in args.schemes])
+        check_models(target, [SCHEMES[s] for s in args.schemes if s in SCHEMES])
+        from tritonllm.server.launcher import model_runs
+
+        runs = model_runs(target.metrics)
+        target.note += " Models run: " + (", ".join(f"{m} in {r}" for m, r in sorted(runs.items())) or "unknown") + "."
+        log(target.note)
         for users in args.concurrency:
             for scheme in args.schemes:
-                model = SCHEMES[scheme]
+                model = scheme_model(args, scheme)
                 name = f"{scheme}-c{users}" if not args.arrival_rate else f"{scheme}-r{args.arrival_rate:g}-c{users}"
                 run_dir = out / "runs" / name
                 run_dir.mkdir(parents=True, exist_ok=True)
-                problem = warm_up(target, model, args.warmup)
+                problem = warm_up_scheme(args, target, scheme)
                 if problem:
                     log(f"{name}: warm-up failed ({problem}); running anyway")
                 cmd, user_class = locust_command(args, target, scheme, users, run_dir)
@@ -281,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name}: {users} users, {user_class} -> {model} (≤{args.max_requests or '∞'} requests, "
                     f"≤{args.run_time:g} s)")
                 info.started = time.time()
-                with MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval):
+                scrape = scheme in SCHEMES  # Triton's metrics say nothing about another server
+                with MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape \
+                        else contextlib.nullcontext():
                     info.locust_rc = run_locust(cmd, run_dir, args.run_time + 90)
                 info.ended = time.time()
                 info.save(run_dir)
@@ -314,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def user_class_protocol(user_class: str) -> str:
     return {"GrpcStreamUser": "grpc-stream", "SseStreamUser": "http-sse", "GrpcInferUser": "grpc-infer",
-            "HttpInferUser": "http-infer"}[user_class]
+            "HttpInferUser": "http-infer", "OpenAIStreamUser": "openai-sse"}[user_class]
 
 
 def _num(value) -> str:

@@ -8,6 +8,8 @@ User classes (one protocol each; the model is the class default or --triton-mode
   SseStreamUser   llm_inflight over HTTP generate_stream (server-sent events): ttft, itl, tpot, e2e
   GrpcInferUser   llm_dynamic / llm_static over unary gRPC infer: e2e (TTFT == e2e, no streaming)
   HttpInferUser   llm_dynamic / llm_static over HTTP /infer: e2e
+  OpenAIStreamUser  any OpenAI-compatible server (llama.cpp's llama-server, vLLM, TGI) over streaming
+                  /v1/completions at --host: ttft, itl, tpot, e2e (the same requests, for a side-by-side)
 
 Each stage fires its own Locust request event (name ttft / itl / tpot / e2e, response_length =
 output tokens), so it shows in Locust's UI, CSV and HTML; failures are counted once, on e2e.
@@ -79,6 +81,8 @@ def _add_arguments(parser):
                         help="(set by the master from --arrival-rate / -u)")
     parser.add_argument("--max-requests-per-worker", type=int, default=0, include_in_web_ui=False,
                         help="(set by the master: its --max-requests shared among the workers)")
+    g.add_argument("--openai-model", default="", env_var="LOCUST_OPENAI_MODEL",
+                   help="OpenAIStreamUser: the `model` field of each request (default: left out)")
     g.add_argument("--request-timeout", type=float, default=600.0, env_var="LOCUST_REQUEST_TIMEOUT",
                    help="Seconds before a request counts as failed")
     g.add_argument("--shape", default="none", env_var="LOCUST_SHAPE", choices=["none", *shapes.SHAPES],
@@ -264,11 +268,11 @@ class TritonLLMUser:
                                              response_time=seconds * 1000.0, response_length=length,
                                              exception=exception, context={})
 
-    def _post_measured(self, endpoint: str, body: dict, m, read, stream: bool = False) -> None:
-        """POST to the model's endpoint; `read(resp, m)` takes the tokens and returns an error or None.
+    def _post_measured(self, path: str, body: dict, m, read, stream: bool = False) -> None:
+        """POST to `path`; `read(resp, m)` takes the tokens and returns an error or None.
         The HTTP request's own Locust event becomes the e2e event."""
         try:
-            with self.client.post(f"/v2/models/{self.target}/{endpoint}", json=body, stream=stream,
+            with self.client.post(path, json=body, stream=stream,
                                   catch_response=True, name="e2e", timeout=self.timeout) as resp:
                 sample = m.finish(_http_error(resp) if resp.status_code != 200 else read(resp, m))
                 _as_e2e(resp, self.request_type, sample)
@@ -382,8 +386,8 @@ class SseStreamUser(TritonLLMUser, HttpUser):
     @task
     def generate(self):
         spec, m = self._begin()
-        self._post_measured("generate_stream", protocol.generate_body(spec, stream=True), m, self._read_events,
-                            stream=True)
+        self._post_measured(f"/v2/models/{self.target}/generate_stream", protocol.generate_body(spec, stream=True),
+                            m, self._read_events, stream=True)
 
     @staticmethod
     def _read_events(resp, m) -> str | None:
@@ -442,7 +446,7 @@ class HttpInferUser(TritonLLMUser, HttpUser):
     @task
     def generate(self):
         spec, m = self._begin()
-        self._post_measured("infer", protocol.infer_body(spec), m, self._read_answer)
+        self._post_measured(f"/v2/models/{self.target}/infer", protocol.infer_body(spec), m, self._read_answer)
 
     @staticmethod
     def _read_answer(resp, m) -> str | None:
@@ -450,6 +454,46 @@ class HttpInferUser(TritonLLMUser, HttpUser):
             m.tokens(protocol.infer_output_tokens(resp.json()))
         except ValueError as exc:
             return str(exc)
+        return None
+
+
+class OpenAIStreamUser(TritonLLMUser, HttpUser):
+    """Any OpenAI-compatible server at --host over streaming /v1/completions (SSE): the same
+    workload, so llama.cpp's llama-server, vLLM or TGI run beside the Triton models."""
+
+    model = "openai"
+    protocol = "openai-sse"
+    streams = True
+    host = "http://127.0.0.1:8080"
+
+    def on_start(self):
+        self._setup()
+        self.target = self.opts.openai_model if self.opts is not None and self.opts.openai_model else self.model
+        self.request_type = f"{self.protocol} {self.target}"
+
+    @task
+    def generate(self):
+        spec, m = self._begin()
+        model = self.opts.openai_model if self.opts is not None else ""
+        self._post_measured("/v1/completions", protocol.openai_completion_body(spec, model), m, self._read_events,
+                            stream=True)
+
+    @staticmethod
+    def _read_events(resp, m) -> str | None:
+        usage = None
+        for line in resp.iter_lines(chunk_size=None):
+            if line.strip() in (b"data: [DONE]", b"data:[DONE]"):
+                break
+            event = protocol.parse_sse_line(line)
+            if event is None:
+                continue
+            if "error" in event:
+                return str(event["error"])
+            pieces, completion = protocol.openai_event(event)
+            m.tokens(pieces)
+            usage = completion if completion is not None else usage
+        if usage is not None:  # the server's own count wins over counted pieces (a piece may hold 2 tokens)
+            m.sample.output_tokens = usage
         return None
 
 

@@ -115,3 +115,24 @@ def grpc_is_final(result) -> bool:
     """Whether a streamed gRPC response is the request's last (`triton_final_response`)."""
     params = result.get_response().parameters
     return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+# ---------------------------------------------------------------- OpenAI-compatible servers
+
+
+def openai_completion_body(spec: RequestSpec, model: str) -> dict[str, Any]:
+    """Streaming `/v1/completions` body with the same request (vLLM's sampling names are OpenAI's,
+    plus `ignore_eos`, which vLLM, TGI and llama.cpp's server accept). The last event carries usage."""
+    body = {"prompt": spec.prompt, "stream": True, "stream_options": {"include_usage": True}, **spec.sampling}
+    if model:
+        body["model"] = model
+    return body
+
+
+def openai_event(event: dict[str, Any]) -> tuple[int, int | None]:
+    """(pieces with text in this event: 0 or 1, completion_tokens if the event carries usage)."""
+    usage = event.get("usage") or {}
+    choices = event.get("choices") or []
+    has_text = any(choice.get("text") for choice in choices)
+    completion = usage.get("completion_tokens")
+    return int(has_text), int(completion) if completion is not None else None

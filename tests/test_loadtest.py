@@ -340,3 +340,93 @@ def test_compare_fails_above_error_threshold(triton_server, tmp_path):
     assert "FAIL: error rate above --max-error-rate" in proc.stdout
     text = (out / "report.md").read_text()
     assert "exceeds max_model_len" in text  # the server's reason is in the report
+
+
+# ---------------------------------------------------------------- OpenAI-compatible servers
+
+class _FakeCompletions:
+    """Unit-test peer of OpenAIStreamUser: a loopback server that streams `/v1/completions` as
+    OpenAI-compatible servers do (one text piece per token, a usage event, [DONE]) and keeps the bodies.
+    The real peer, llama.cpp's llama-server, runs in `tritonllm-bench-llamacpp`."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        bodies = self.bodies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                bodies.append(body)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for i in range(body["max_tokens"]):
+                    chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"], "prompt_tokens": 3}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_openai_user_sends_the_same_workload_and_times_the_stream(tmp_path):
+    fake = _FakeCompletions()
+    try:
+        cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "4", "-r", "4", "-t", "30s",
+               "--host", fake.url, "--openai-model", "smollm2", "--csv", str(tmp_path / "locust"), "--only-summary",
+               "--samples-file", str(tmp_path / "samples.jsonl"), "--max-requests", "12",
+               "--output-tokens", "exp:6:24", "OpenAIStreamUser"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    finally:
+        fake.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    samples = load_samples(tmp_path / "samples.jsonl")
+    assert len(samples) == 12
+    work = Workload(output_tokens="exp:6:24")  # what the locustfile built from the same flags
+    for s in samples:
+        assert s.ok, s.error
+        assert s.protocol == "openai-sse" and s.model == "smollm2"
+        assert s.output_tokens == s.expected_tokens == work.request(s.index).max_tokens
+        assert len(s.itl) == s.output_tokens - 1 and 0 < s.ttft <= s.e2e
+    sent = sorted((b["prompt"], b["max_tokens"]) for b in fake.bodies)
+    assert sent == sorted((work.request(s.index).prompt, s.expected_tokens) for s in samples)
+    assert all(b["ignore_eos"] is True and b["stream"] is True and b["model"] == "smollm2" and b["temperature"] == 0
+               for b in fake.bodies)
+
+
+def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_path):
+    fake = _FakeCompletions()
+    out = tmp_path / "results"
+    try:
+        cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never",
+               "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+               "--metrics-url", triton_server.metrics_url, "--schemes", "inflight", "--max-requests", "8",
+               "--run-time", "30", "--output-tokens", "exp:6:24", "--openai-url", fake.url,
+               "--openai-name", "other-server", "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    finally:
+        fake.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Models run: llm_dynamic in float32 on cpu" in proc.stdout  # what the Triton models really run
+    text = (out / "report.md").read_text()
+    assert "| other-server-c8 | other-server | openai-sse |" in text
+    runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+    assert runs["other-server"]["finished"] == runs["inflight"]["finished"] == 8
+    assert runs["other-server"]["errors"] == 0
+    ratios = json.loads((out / "summary.json").read_text())["ratios"]
+    assert [r["baseline"] for r in ratios] == ["other-server"]
+    indexes = {s: sorted((x.index, x.expected_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
+               for s in runs}
+    assert indexes["inflight"] == indexes["other-server"]  # the same requests

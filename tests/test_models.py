@@ -31,9 +31,21 @@ def test_bundled_model_is_converted_once_and_cached():
     assert models.prepare_bundled() == path  # second call: cached, no conversion
 
 
-def test_bad_dtype_is_named():
-    with pytest.raises(ValueError, match="dtype"):
-        models.parse_dtype("float8")
+def test_bad_dtype_is_named(monkeypatch):
+    monkeypatch.delenv(models.DTYPE_ENV)
+    with pytest.raises(ValueError, match="dtype must be auto or one of float32, float16, bfloat16, got 'float8'"):
+        models.resolve_dtype("float8")
+
+
+def test_auto_dtype_is_bfloat16_where_the_cpu_runs_it_natively(monkeypatch):
+    monkeypatch.delenv(models.DTYPE_ENV, raising=False)
+    expected = torch.bfloat16 if models.cpu_runs_bf16_fast() else torch.float32
+    assert models.resolve_dtype("auto", "cpu") == models.resolve_dtype(None, "cpu") == expected
+    assert models.resolve_dtype("float32", "cpu") == torch.float32
+    monkeypatch.setenv(models.DTYPE_ENV, "bfloat16")  # the environment wins, as TRITONLLM_MODEL does
+    assert models.resolve_dtype("float32", "cpu") == torch.bfloat16
+    model, _ = models.load_model("tiny", "cpu", "float32")
+    assert next(model.parameters()).dtype == torch.bfloat16
 
 
 def test_unsupported_architecture_is_refused_with_its_name():

@@ -157,8 +157,10 @@ class GrpcStream:
             assert self.changed.wait_for(lambda: all(self.results[r].texts for r in request_ids), timeout)
 
     def close(self, cancel: bool = False) -> None:
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
+        if self.client is not None:
+            self.client.stop_stream(cancel_requests=cancel)
+            self.client.close()
+            self.client = None
 
 
 def stream_one(server, **inputs) -> StreamResult:
@@ -410,18 +412,29 @@ def test_batched_models_over_http_infer_grpc_infer_and_generate(strict_server, r
 
 
 def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, reference):
-    tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
-    steps0 = metric(triton_server, "tritonllm_steps_total")
+    """16 requests queue behind 8 held ones; released together, they certainly share steps."""
+    slots = 8
+    blockers = GrpcStream(triton_server)
+    held = [f"block{i}" for i in range(slots)]
     stream = GrpcStream(triton_server)
     ids = [f"g{i}" for i in range(len(MIXED))]
     try:
+        for rid in held:
+            blockers.send(rid, text_input=hold_prompt(1, "wait"), stream=True,
+                          sampling_parameters={**GREEDY, "max_tokens": 100, "ignore_eos": True})
+        assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == slots) == slots
+        tokens0 = metric(triton_server, "tritonllm_generation_tokens_total")
+        steps0 = metric(triton_server, "tritonllm_steps_total")
         for i, (rid, (prompt, n)) in enumerate(zip(ids, MIXED)):
             # Half stream, half answer at the end; neither echoes the prompt.
             stream.send(rid, text_input=prompt, stream=i % 2 == 0, exclude_input_in_output=True,
                         return_num_output_tokens=True, sampling_parameters={**GREEDY, "max_tokens": n})
+        assert wait_for_metric(triton_server, "tritonllm_num_requests_waiting", lambda v: v == len(ids)) == len(ids)
+        blockers.close(cancel=True)  # the 8 slots free at once: the waiting requests start together
         stream.wait(ids)
         assert not stream.errors, stream.errors
     finally:
+        blockers.close(cancel=True)
         stream.close(cancel=True)
     mismatches = [(rid, prompt, n) for rid, (prompt, n) in zip(ids, MIXED)
                   if stream.results[rid].text != reference(prompt, n)]
@@ -723,3 +736,10 @@ def test_a_full_waiting_queue_answers_unavailable_and_recovers(strict_server):
     assert wait_for_metric(server, "tritonllm_num_requests_waiting", lambda v: v == 0) == 0
     res = stream_one(server, text_input="Hi", sampling_parameters={"max_tokens": 3, "temperature": 0})
     assert res.finals == 1
+
+
+def test_every_model_reports_the_dtype_it_runs(triton_server):
+    """dtype `auto` resolves in each model; the banner and the report read what the models export."""
+    from tritonllm.server.launcher import model_runs
+
+    assert model_runs(triton_server.metrics_url) == {m: "float32 on cpu" for m in ("llm_inflight", *BATCHED)}

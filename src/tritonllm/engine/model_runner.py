@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
+from tritonllm.engine.rotary import RotaryTables
 
 # Decoder-only models with the Llama layout (pre-norm, rotary, GQA, gated MLP). Qwen3 adds
 # per-head q/k norms, which the runner applies when present.
@@ -42,11 +44,6 @@ def check_supported(config) -> None:
         raise ValueError("sliding-window attention is not supported by the in-flight runner")
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class ModelRunner:
     def __init__(self, model, num_slots: int, max_model_len: int):
         check_supported(model.config)
@@ -54,11 +51,12 @@ class ModelRunner:
         self.config = model.config
         base = model.model
         self.embed = base.embed_tokens
-        self.layers = list(base.layers)
+        self.layers = [fuse_layer(layer) for layer in base.layers]
+        self.act = base.layers[0].mlp.act_fn
+        self.eps = base.norm.variance_epsilon
         self.norm = base.norm
-        self.rotary = base.rotary_emb
         self.lm_head = model.lm_head
-        attn = self.layers[0].self_attn
+        attn = base.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.num_heads = self.config.num_attention_heads
         self.num_kv_heads = self.config.num_key_value_heads
@@ -68,6 +66,8 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.cache = SlotKVCache(len(self.layers), num_slots, max_model_len, self.num_kv_heads,
                                  self.head_dim, self.dtype, self.device)
+        self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
+                                   self.dtype, self.device)
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
@@ -84,28 +84,33 @@ class ModelRunner:
         slots_t = torch.tensor(slots, device=dev)
         single = _SingleTokenBatch([b for b in bounds if b[1] == 1], self.cache.num_slots, dev)
         prompt_chunks = [b for b in bounds if b[1] > 1]
+        only_decodes = not prompt_chunks
+        cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
-        cos, sin = self.rotary(hidden[None], pos_t[None])
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]  # (T, 1, head_dim)
-        for layer_idx, layer in enumerate(self.layers):
-            residual = hidden
-            h = layer.input_layernorm(hidden)
-            attn = layer.self_attn
-            q = attn.q_proj(h).view(-1, self.num_heads, self.head_dim)
-            k = attn.k_proj(h).view(-1, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(-1, self.num_kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.cache.write(layer_idx, slots_t, pos_t, k, v)
-            out = torch.empty_like(q)
-            if single.rows is not None:
-                out[single.rows] = self._attend_single_tokens(q, layer_idx, single)
-            for off, n, slot, start in prompt_chunks:
-                out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
-            hidden = residual + attn.o_proj(out.view(-1, self.num_heads * self.head_dim))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        width = hidden.shape[-1]
+        for layer_idx, w in enumerate(self.layers):
+            h = F.rms_norm(hidden, (width,), w.input_norm, self.eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias).view(-1, heads + 2 * kv_heads, dim)
+            if w.q_norm is not None:  # Qwen3: each head of q and k normalised before rotary
+                qkv = torch.cat([F.rms_norm(qkv[:, :heads], (dim,), w.q_norm, self.eps),
+                                 F.rms_norm(qkv[:, heads:heads + kv_heads], (dim,), w.k_norm, self.eps),
+                                 qkv[:, heads + kv_heads:]], dim=1)
+            # Rotary on q and k; the v heads' table is cos 1, sin 0 (v passes through unchanged).
+            qkv = qkv * cos + qkv.roll(dim // 2, -1) * sin
+            q = qkv[:, :heads]
+            self.cache.write(layer_idx, slots_t, pos_t, qkv[:, heads:])
+            if only_decodes:
+                out = self._attend_single_tokens(q, layer_idx, single)
+            else:
+                out = torch.empty_like(q)
+                if single.rows is not None:
+                    out[single.rows] = self._attend_single_tokens(q, layer_idx, single)
+                for off, n, slot, start in prompt_chunks:
+                    out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
+            hidden = hidden + F.linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
+            gate, up = F.linear(F.rms_norm(hidden, (width,), w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(self.act(gate) * up, w.down)
         last = [off + n - 1 for (off, n, _, _), c in zip(bounds, chunks) if c.wants_logits]
         if not last:
             return torch.empty(0, self.config.vocab_size)

@@ -329,9 +329,25 @@ def repository_index(server: TritonServer) -> list[dict]:
         return json.loads(resp.read())
 
 
-def _banner(server: TritonServer) -> str:
+def model_runs(metrics_url: str) -> dict[str, str]:
+    """model -> "bfloat16 on cpu": what each of our models reports it runs (tritonllm_model_info)."""
     try:
-        models = [f"{m['name']} ({m.get('state', '?')})" for m in repository_index(server)]
+        with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    runs = {}
+    for labels in re.findall(r"^tritonllm_model_info\{([^}]*)\}", text, re.M):
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        runs[fields.get("model", "?")] = f"{fields.get('dtype', '?')} on {fields.get('device', '?')}"
+    return runs
+
+
+def _banner(server: TritonServer) -> str:
+    runs = model_runs(server.metrics_url)
+    try:
+        models = [f"{m['name']} ({m.get('state', '?')}{', ' + runs[m['name']] if m['name'] in runs else ''})"
+                  for m in repository_index(server)]
     except (OSError, ValueError) as e:
         models = [f"<could not list models: {e}>"]
     base = f"http://{server.http_url}"

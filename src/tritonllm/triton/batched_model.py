@@ -15,6 +15,7 @@ from dataclasses import replace
 from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
 from tritonllm.models import load_model
 from tritonllm.triton import pb
+from tritonllm.triton.metrics import export_model_info
 from tritonllm.triton.request import RequestError
 
 
@@ -26,6 +27,7 @@ class BatchedModel:
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
         config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
         self.engine = LLMEngine(model, tokenizer, config)
+        self.info = export_model_info(self.model_name, self.engine)
 
     def execute(self, requests):
         responses = [None] * len(requests)

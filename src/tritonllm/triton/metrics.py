@@ -9,10 +9,25 @@ from __future__ import annotations
 
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sequence import RequestOutput
+from tritonllm.models import dtype_name
 from tritonllm.triton.pb import pb_utils
+
+MODEL_INFO = "tritonllm_model_info"
 
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0]
 TOKEN_GAP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0]
+
+
+def export_model_info(model_name: str, engine: LLMEngine) -> list:
+    """`tritonllm_model_info{model, dtype, device} 1`: what a model really runs (dtype `auto` resolved),
+    for the launcher's banner and the load test's report. Keep the returned objects alive."""
+    family = pb_utils.MetricFamily(name=MODEL_INFO, description="What the model runs (labels); always 1",
+                                   kind=pb_utils.MetricFamily.GAUGE)
+    runner = engine.runner
+    metric = family.Metric(labels={"model": model_name, "dtype": dtype_name(runner.dtype),
+                                   "device": runner.device.type})
+    metric.set(1)
+    return [family, metric]
 
 
 class InflightMetrics:
@@ -37,6 +52,7 @@ class InflightMetrics:
         self.tpot = self._histogram("tritonllm_time_per_output_token_seconds", "Time per output token after the first",
                                     labels, TOKEN_GAP_BUCKETS)
         self.e2e = self._histogram("tritonllm_e2e_request_latency_seconds", "Arrival to last token", labels, LATENCY_BUCKETS)
+        self.info = export_model_info(model_name, engine)
 
     def _metric(self, name, description, kind, labels, **options):
         family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
