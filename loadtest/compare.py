@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--model", default="bundled",
                    help="TRITONLLM_MODEL for a server this command starts: bundled (SmolLM2-135M), tiny, a HF "
                         "directory or hub id")
+    t.add_argument("--dtype", default="",
+                   help="TRITONLLM_DTYPE for a server this command starts: auto, float32, bfloat16 (default: the "
+                        "models' config, auto)")
     t.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a started server")
     t.add_argument("--openai-url", default="",
                    help="also run the workload against this OpenAI-compatible server (/v1/completions, streaming)")
@@ -174,7 +177,8 @@ class Target:
             host = "127.0.0.1"
         log_file = self.out / "tritonserver.log"
         self.server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, host=host,
-                                   log_file=log_file, env={"TRITONLLM_MODEL": args.model},
+                                   log_file=log_file, env={"TRITONLLM_MODEL": args.model,
+                                                           **({"TRITONLLM_DTYPE": args.dtype} if args.dtype else {})},
                                    ready_timeout=args.ready_timeout)
         log(f"starting tritonserver (model {args.model!r}, log {log_file}) ...")
         self.server.start()

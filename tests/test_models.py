@@ -87,3 +87,17 @@ def test_other_llama_layout_architectures_match_generate(arch):
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         ref = model.generate(ids, max_new_tokens=10, min_new_tokens=10, do_sample=False)[0, ids.shape[1]:]
         assert out.token_ids == ref.tolist()
+
+
+def test_fused_weights_share_storage_and_leave_the_model_working():
+    """The runner concatenates q|k|v and gate|up once; the HF modules then read views of them."""
+    model, tokenizer = models.load_model("tiny", "cpu", "float32")
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    before = model.generate(ids, max_new_tokens=8, do_sample=False)
+    params = sum(p.numel() for p in model.parameters())
+    runner = ModelRunner(model, num_slots=2, max_model_len=64)
+    attn, fused = model.model.layers[0].self_attn, runner.layers[0]
+    assert attn.q_proj.weight.data_ptr() == fused.qkv.data_ptr()  # a view, not a copy
+    assert model.model.layers[0].mlp.up_proj.weight.data_ptr() > fused.gate_up.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert torch.equal(model.generate(ids, max_new_tokens=8, do_sample=False), before)

@@ -7,6 +7,11 @@
 4. static: `model.generate` on fixed batches, each run until its longest member ends.
 All get the same requests: varied prompt lengths and heavy-tailed (capped exponential) output
 lengths forced with max_tokens + ignore_eos. Output tokens/s counts only requested tokens.
+
+The model runs in `--dtype` (auto: bfloat16 where the CPU has native bf16, as the served models
+do). `--vs-float32` also runs the ceiling and the engine in float32, in the same run, for the
+ratio. `--match N` measures batch invariance: N chat prompts, greedy, through the engine at full
+batch and one by one through `model.generate`: how many answers are token-identical.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.models import load_model
+from tritonllm.models import DTYPES, dtype_name, load_model, resolve_dtype
 
 def make_workload(n: int, output_tokens: str, prompt_words: str, seed: int) -> list[tuple[str, int]]:
     """(prompt, output length) pairs: the load test's own workload (shipped prompts), so both agree."""
@@ -117,6 +122,29 @@ def run_hf_continuous(model, tokenizer, workload, slots: int, budget: int) -> di
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
 
 
+def run_match(model, tokenizer, workload, slots: int, max_tokens: int) -> dict:
+    """Greedy answers of the engine (all prompts queued at once, `slots` at a time) against unbatched
+    `model.generate`, token for token: the batch invariance of the kernels in this dtype."""
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                             tokenize=False) if tokenizer.chat_template else p for p, _ in workload]
+    engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
+                                                         max_num_batched_tokens=256))
+    batched = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
+    eos = engine.sampler.eos_token_ids
+    identical, prefixes = 0, []
+    for prompt, out in zip(prompts, batched):
+        ids = tokenizer.encode(prompt)
+        with torch.inference_mode():
+            ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 max_new_tokens=max_tokens, do_sample=False)[0, len(ids):].tolist()
+        ref = next((ref[:i + 1] for i, t in enumerate(ref) if t in eos), ref)
+        common = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref)) if a != b), min(len(ref), len(out.token_ids)))
+        identical += out.token_ids == ref
+        prefixes.append(common)
+    return {"identical": identical, "prompts": len(prompts), "tokens": max_tokens,
+            "mean_common_prefix": sum(prefixes) / len(prefixes)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tritonllm-bench-engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -128,15 +156,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="output length distribution: fixed:N, uniform:A:B or exp:MEAN:CAP (capped exponential)")
     parser.add_argument("--prompt-words", default="uniform:8:48", help="prompt length distribution, in words")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CPUs with native bf16), float32, bfloat16")
+    parser.add_argument("--vs-float32", action="store_true",
+                        help="also run the ceiling and the engine in float32 (same run) and print the ratios")
+    parser.add_argument("--match", type=int, default=0, metavar="N",
+                        help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
     parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    model, tokenizer = load_model(args.model, "cpu" if not torch.cuda.is_available() else None)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = resolve_dtype(DTYPES.get(args.dtype, args.dtype), device)  # an explicit --dtype beats TRITONLLM_DTYPE
+    model, tokenizer = load_model(args.model, device, dtype)
     workload = make_workload(args.requests, args.output_tokens, args.prompt_words, args.seed)
-    print(f"model={args.model} requests={args.requests} slots={args.slots} budget={args.budget} "
-          f"output tokens={sum(n for _, n in workload)} ({args.output_tokens}), prompt words {args.prompt_words}, "
-          f"threads={torch.get_num_threads()}", flush=True)
+    print(f"model={args.model} dtype={dtype_name(dtype)} ({args.dtype}) device={device} requests={args.requests} "
+          f"slots={args.slots} budget={args.budget} output tokens={sum(n for _, n in workload)} "
+          f"({args.output_tokens}), prompt words {args.prompt_words}, threads={torch.get_num_threads()}", flush=True)
     runs = {
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots),
         "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget),
@@ -144,6 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         "hf-cb": lambda: run_hf_continuous(model, tokenizer, workload, args.slots, args.budget),
         "static": lambda: run_static(model, tokenizer, workload, args.slots),
     }
+    if args.match:
+        runs["match"] = lambda: run_match(model, tokenizer, make_workload(args.match, "fixed:1", "dataset", args.seed),
+                                          args.slots, 40)
+    if args.vs_float32 and dtype != torch.float32:
+        f32_model, _ = load_model(args.model, device, torch.float32)
+        run_engine(f32_model, tokenizer, workload[: args.slots], args.slots, args.budget)  # warm-up
+        runs["ceiling-float32"] = lambda: run_ceiling(f32_model, tokenizer, workload, args.slots)
+        runs["engine-float32"] = lambda: run_engine(f32_model, tokenizer, workload, args.slots, args.budget)
+        if args.match:
+            runs["match-float32"] = lambda: run_match(f32_model, tokenizer,
+                                                      make_workload(args.match, "fixed:1", "dataset", args.seed),
+                                                      args.slots, 40)
     results = {}
     run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget)  # warm-up
     for name, run in runs.items():
@@ -154,22 +201,31 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report and go on: one failing baseline must not hide the others
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         r = results[name]
-        print(f"{name:8s} " + (f"{r['tokens_per_s']:8.1f} tok/s  {r['tokens']:6d} tokens in {r['seconds']:6.1f} s"
-                               if "error" not in r else r["error"]), flush=True)
+        if "error" in r:
+            print(f"{name:8s} {r['error']}", flush=True)
+        elif name.startswith("match"):
+            print(f"{name:8s} {r['identical']}/{r['prompts']} greedy answers ({r['tokens']} tokens) token-identical "
+                  f"to unbatched generate; mean common prefix {r['mean_common_prefix']:.1f} tokens", flush=True)
+        else:
+            print(f"{name:8s} {r['tokens_per_s']:8.1f} tok/s  {r['tokens']:6d} tokens in {r['seconds']:6.1f} s",
+                  flush=True)
     engine = results.get("engine", {})
     if "tokens_per_s" in engine:
         print("ratios (engine / other):")
         for name, r in results.items():
-            if name != "engine" and "tokens_per_s" in r:
+            if name not in ("engine", "ceiling-float32") and "tokens_per_s" in r:
                 print(f"  engine / {name:8s} = {engine['tokens_per_s'] / r['tokens_per_s']:.2f}")
         if engine.get("tokens_per_s_while_waiting") and "tokens_per_s" in results.get("ceiling", {}):
             print(f"  steady state (requests waiting): engine {engine['tokens_per_s_while_waiting']:.1f} tok/s "
                   f"= {engine['tokens_per_s_while_waiting'] / results['ceiling']['tokens_per_s']:.2f} of the ceiling")
+        if "tokens_per_s" in results.get("ceiling-float32", {}) and "tokens_per_s" in results.get("ceiling", {}):
+            print(f"  ceiling {dtype_name(dtype)} / ceiling float32 = "
+                  f"{results['ceiling']['tokens_per_s'] / results['ceiling-float32']['tokens_per_s']:.2f}")
         print(f"slot utilisation: {engine['slot_utilisation']:.3f} overall, "
               f"{engine['slot_utilisation_while_waiting'] or 0:.3f} while requests were waiting")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=2)
+            json.dump({"args": vars(args), "dtype": dtype_name(dtype), "results": results}, f, indent=2)
     return 0
 
 
