@@ -25,13 +25,15 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
 def test_benchmark_compares_dtypes_and_measures_batch_invariance(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert benchmark.main(["--model", "tiny", "--requests", "6", "--output-tokens", "exp:8:24", "--dtype", "bfloat16",
-                           "--vs-float32", "--match", "5", "--skip", "hf-cb", "static", "--json", str(out)]) == 0
+                           "--vs", "float32", "--vs", "int8", "--match", "5", "--skip", "hf-cb", "static", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     results = report["results"]
     assert report["dtype"] == "bfloat16"
-    assert {"ceiling", "engine", "ceiling-float32", "engine-float32", "match", "match-float32"} <= set(results)
+    assert {"ceiling", "engine", "match"} <= set(results)
+    assert {f"{run}-{variant}" for run in ("ceiling", "engine", "match") for variant in ("float32", "int8")} <= set(results)
+    assert all("error" not in r for r in results.values()), results
     # float32 kernels are batch-invariant: batched greedy answers equal unbatched generate, every one.
     assert results["match-float32"]["identical"] == results["match-float32"]["prompts"] == 5
     assert 0 <= results["match"]["identical"] <= 5
     printed = capsys.readouterr().out
-    assert "ceiling bfloat16 / ceiling float32" in printed and "engine / engine-float32" in printed
+    assert "ceiling / ceiling-float32" in printed and "engine / engine-int8" in printed

@@ -101,3 +101,30 @@ def test_fused_weights_share_storage_and_leave_the_model_working():
     assert model.model.layers[0].mlp.up_proj.weight.data_ptr() > fused.gate_up.data_ptr()
     assert sum(p.numel() for p in model.parameters()) == params
     assert torch.equal(model.generate(ids, max_new_tokens=8, do_sample=False), before)
+
+
+def test_quantization_is_checked_and_named(monkeypatch):
+    from tritonllm.engine.quantization import QUANTIZATION_ENV
+
+    monkeypatch.delenv(QUANTIZATION_ENV, raising=False)
+    model, _ = models.load_model("tiny", "cpu", "float32")
+    with pytest.raises(ValueError, match="quantization must be one of none, int8, got 'int4'"):
+        ModelRunner(model, num_slots=2, max_model_len=32, quantization="int4")
+    with pytest.raises(ValueError, match="int8 runs on CPU with dtype bfloat16 or float16, not torch.float32"):
+        ModelRunner(model, num_slots=2, max_model_len=32, quantization="int8")
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_bundled_model_answers_in_bfloat16(monkeypatch, quantization):
+    """The `auto` dtype of CPUs with native bf16, and int8 weights on it: the real model still knows."""
+    from tritonllm.engine.llm_engine import LLMEngine
+    from tritonllm.engine.sampling_params import SamplingParams
+    from tritonllm.engine.scheduler import SchedulerConfig
+
+    model, tokenizer = models.load_model("bundled", "cpu", torch.bfloat16)
+    engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=4, max_model_len=256), quantization)
+    assert engine.runner.quantization == quantization
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in ("What is the capital of France?", "What is the capital of Japan?", "Say hello.", "Count to 3.")]
+    answers = engine.generate(chat, SamplingParams(max_tokens=16, temperature=0))
+    assert "Paris" in answers[0].text and "Tokyo" in answers[1].text, [a.text for a in answers]

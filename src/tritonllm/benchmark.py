@@ -9,9 +9,10 @@ All get the same requests: varied prompt lengths and heavy-tailed (capped expone
 lengths forced with max_tokens + ignore_eos. Output tokens/s counts only requested tokens.
 
 The model runs in `--dtype` (auto: bfloat16 where the CPU has native bf16, as the served models
-do). `--vs-float32` also runs the ceiling and the engine in float32, in the same run, for the
-ratio. `--match N` measures batch invariance: N chat prompts, greedy, through the engine at full
-batch and one by one through `model.generate`: how many answers are token-identical.
+do). `--vs float32` / `--vs int8` also run the ceiling and the engine in float32, or with
+weight-only int8 matmuls, in the same run, for the ratios. `--match N` measures batch invariance:
+N chat prompts, greedy, through the engine at full batch and one by one through the same model's
+`model.generate` (for int8: the unquantised model): how many answers are token-identical.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def make_workload(n: int, output_tokens: str, prompt_words: str, seed: int) -> l
     return [(spec.prompt, spec.max_tokens) for spec in map(workload.request, range(n))]
 
 
-def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str = "continuous") -> dict:
+def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str = "continuous",
+               quantization: str | None = None) -> dict:
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
-                                                         max_num_batched_tokens=budget, batch_policy=policy))
+                                                         max_num_batched_tokens=budget, batch_policy=policy),
+                       quantization)
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
     busy_tokens = busy_slot_steps = 0
     busy_seconds = 0.0
@@ -61,10 +64,10 @@ def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str 
             "steps": engine.stats.steps}
 
 
-def run_ceiling(model, tokenizer, workload, slots: int) -> dict:
+def run_ceiling(model, tokenizer, workload, slots: int, quantization: str | None = None) -> dict:
     """Decode steps for a full batch of slots at the workload's context lengths; no prefill."""
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
-                                                         max_num_batched_tokens=max(slots, 64)))
+                                                         max_num_batched_tokens=max(slots, 64)), quantization)
     prompt_lens = [len(tokenizer.encode(p)) for p, _ in workload]
     total = sum(n for _, n in workload)
     steps = -(-total // slots)
@@ -122,13 +125,13 @@ def run_hf_continuous(model, tokenizer, workload, slots: int, budget: int) -> di
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
 
 
-def run_match(model, tokenizer, workload, slots: int, max_tokens: int) -> dict:
+def run_match(model, tokenizer, workload, slots: int, max_tokens: int, quantization: str | None = None) -> dict:
     """Greedy answers of the engine (all prompts queued at once, `slots` at a time) against unbatched
     `model.generate`, token for token: the batch invariance of the kernels in this dtype."""
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                              tokenize=False) if tokenizer.chat_template else p for p, _ in workload]
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=slots, max_model_len=1024,
-                                                         max_num_batched_tokens=256))
+                                                         max_num_batched_tokens=256), quantization)
     batched = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0))
     eos = engine.sampler.eos_token_ids
     identical, prefixes = 0, []
@@ -157,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-words", default="uniform:8:48", help="prompt length distribution, in words")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on CPUs with native bf16), float32, bfloat16")
-    parser.add_argument("--vs-float32", action="store_true",
-                        help="also run the ceiling and the engine in float32 (same run) and print the ratios")
+    parser.add_argument("--quantization", default="none", choices=["none", "int8"], help="of the main runs")
+    parser.add_argument("--vs", action="append", default=[], choices=["float32", "int8"],
+                        help="also run the ceiling and the engine in float32, or with int8 weights (repeatable)")
     parser.add_argument("--match", type=int, default=0, metavar="N",
                         help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
     parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
@@ -169,30 +173,35 @@ def main(argv: list[str] | None = None) -> int:
     dtype = resolve_dtype(DTYPES.get(args.dtype, args.dtype), device)  # an explicit --dtype beats TRITONLLM_DTYPE
     model, tokenizer = load_model(args.model, device, dtype)
     workload = make_workload(args.requests, args.output_tokens, args.prompt_words, args.seed)
-    print(f"model={args.model} dtype={dtype_name(dtype)} ({args.dtype}) device={device} requests={args.requests} "
+    print(f"model={args.model} dtype={dtype_name(dtype)} ({args.dtype}) quantization={args.quantization} "
+          f"device={device} requests={args.requests} "
           f"slots={args.slots} budget={args.budget} output tokens={sum(n for _, n in workload)} "
           f"({args.output_tokens}), prompt words {args.prompt_words}, threads={torch.get_num_threads()}", flush=True)
     runs = {
-        "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots),
-        "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget),
-        "request": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget, "request"),
+        "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots, args.quantization),
+        "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget,
+                                     quantization=args.quantization),
+        "request": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget, "request",
+                                      args.quantization),
         "hf-cb": lambda: run_hf_continuous(model, tokenizer, workload, args.slots, args.budget),
         "static": lambda: run_static(model, tokenizer, workload, args.slots),
     }
+    match_workload = make_workload(args.match, "fixed:1", "dataset", args.seed)
     if args.match:
-        runs["match"] = lambda: run_match(model, tokenizer, make_workload(args.match, "fixed:1", "dataset", args.seed),
-                                          args.slots, 40)
-    if args.vs_float32 and dtype != torch.float32:
-        f32_model, _ = load_model(args.model, device, torch.float32)
-        run_engine(f32_model, tokenizer, workload[: args.slots], args.slots, args.budget)  # warm-up
-        runs["ceiling-float32"] = lambda: run_ceiling(f32_model, tokenizer, workload, args.slots)
-        runs["engine-float32"] = lambda: run_engine(f32_model, tokenizer, workload, args.slots, args.budget)
+        runs["match"] = lambda: run_match(model, tokenizer, match_workload, args.slots, 40, args.quantization)
+    for variant in args.vs:  # the same runs in float32, or with int8 weights, for the ratios
+        v_model = load_model(args.model, device, torch.float32)[0] if variant == "float32" else model
+        v_quant = "int8" if variant == "int8" else "none"
+        run_engine(v_model, tokenizer, workload[: args.slots], args.slots, args.budget, quantization=v_quant)  # warm-up
+        runs[f"ceiling-{variant}"] = lambda m=v_model, q=v_quant: run_ceiling(m, tokenizer, workload, args.slots, q)
+        runs[f"engine-{variant}"] = lambda m=v_model, q=v_quant: run_engine(m, tokenizer, workload, args.slots,
+                                                                           args.budget, quantization=q)
         if args.match:
-            runs["match-float32"] = lambda: run_match(f32_model, tokenizer,
-                                                      make_workload(args.match, "fixed:1", "dataset", args.seed),
-                                                      args.slots, 40)
+            runs[f"match-{variant}"] = lambda m=v_model, q=v_quant: run_match(m, tokenizer, match_workload,
+                                                                             args.slots, 40, q)
     results = {}
-    run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget)  # warm-up
+    run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget,
+               quantization=args.quantization)  # warm-up
     for name, run in runs.items():
         if name in args.skip:
             continue
@@ -213,14 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     if "tokens_per_s" in engine:
         print("ratios (engine / other):")
         for name, r in results.items():
-            if name not in ("engine", "ceiling-float32") and "tokens_per_s" in r:
+            if name != "engine" and not name.startswith("ceiling-") and "tokens_per_s" in r:
                 print(f"  engine / {name:8s} = {engine['tokens_per_s'] / r['tokens_per_s']:.2f}")
         if engine.get("tokens_per_s_while_waiting") and "tokens_per_s" in results.get("ceiling", {}):
             print(f"  steady state (requests waiting): engine {engine['tokens_per_s_while_waiting']:.1f} tok/s "
                   f"= {engine['tokens_per_s_while_waiting'] / results['ceiling']['tokens_per_s']:.2f} of the ceiling")
-        if "tokens_per_s" in results.get("ceiling-float32", {}) and "tokens_per_s" in results.get("ceiling", {}):
-            print(f"  ceiling {dtype_name(dtype)} / ceiling float32 = "
-                  f"{results['ceiling']['tokens_per_s'] / results['ceiling-float32']['tokens_per_s']:.2f}")
+        for variant in args.vs:
+            if "tokens_per_s" in results.get(f"ceiling-{variant}", {}) and "tokens_per_s" in results.get("ceiling", {}):
+                print(f"  ceiling / ceiling-{variant} = "
+                      f"{results['ceiling']['tokens_per_s'] / results[f'ceiling-{variant}']['tokens_per_s']:.2f}")
         print(f"slot utilisation: {engine['slot_utilisation']:.3f} overall, "
               f"{engine['slot_utilisation_while_waiting'] or 0:.3f} while requests were waiting")
     if args.json:

@@ -43,11 +43,11 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: SchedulerConfig | None = None):
+    def __init__(self, model, tokenizer, config: SchedulerConfig | None = None, quantization: str | None = None):
         self.config = config or SchedulerConfig()
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config)
-        self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len)
+        self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)
         self.stats = EngineStats()
@@ -60,11 +60,11 @@ class LLMEngine:
 
     @classmethod
     def from_spec(cls, model: str | None = None, device: str | None = None, dtype: str | None = None,
-                  **config) -> "LLMEngine":
+                  quantization: str | None = None, **config) -> "LLMEngine":
         from tritonllm.models import load_model
 
         hf_model, tokenizer = load_model(model, device, dtype)
-        return cls(hf_model, tokenizer, SchedulerConfig(**config))
+        return cls(hf_model, tokenizer, SchedulerConfig(**config), quantization)
 
     # ---- requests (any thread) ----
 

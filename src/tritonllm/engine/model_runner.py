@@ -1,21 +1,30 @@
 """One forward pass per step for every scheduled token of every sequence, packed into one row.
 
-The runner drives the Hugging Face model's own modules (embeddings, projections, norms, MLPs,
-rotary embedding, lm_head) so weights and numerics are the model's; only attention and the KV
-cache are ours: each sequence attends to its own slot in `SlotKVCache`, so sequences of any
-length share one forward without padding and past keys/values are never copied. Logits are
-computed only at each sequence's last scheduled token, and only where a token is sampled.
+The runner computes the Hugging Face model's layers with the model's own weights and numerics,
+in fewer, larger ops: q|k|v and gate|up are one matmul each (fused_weights.py), rotary cos/sin
+come from tables made once by the model's rotary module (rotary.py), and each layer stores its
+new keys and values with one write. In float32 the logits equal the model's own forward bit for
+bit (tested). Attention and the KV cache are ours: each sequence attends to its own slot in
+`SlotKVCache`, so sequences of any length share one forward without padding and past
+keys/values are never copied. Logits are computed only at each sequence's last scheduled token,
+and only where a token is sampled. `quantization="int8"` swaps the matmul weights for int8 ones
+(quantization.py).
+
+Measured (bench notes in docs/benchmarks.md): a decode step is bound by streaming the weights
+from memory; capturing it with `torch.compile` on CPU gave no gain (and 30 s of compile), so
+there is none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
+from tritonllm.engine.quantization import linear, quantize, resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
 
 # Decoder-only models with the Llama layout (pre-norm, rotary, GQA, gated MLP). Qwen3 adds
@@ -44,25 +53,37 @@ def check_supported(config) -> None:
         raise ValueError("sliding-window attention is not supported by the in-flight runner")
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm exactly as Llama, Mistral and Qwen compute it: in float32, rounded before the weight.
+    (`F.rms_norm` applies the weight before rounding: in bfloat16 it moved a near-tied greedy token.)"""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
 class ModelRunner:
-    def __init__(self, model, num_slots: int, max_model_len: int):
+    def __init__(self, model, num_slots: int, max_model_len: int, quantization: str | None = None):
         check_supported(model.config)
         self.model = model
         self.config = model.config
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.quantization = resolve_quantization(quantization, self.dtype, self.device)
         base = model.model
         self.embed = base.embed_tokens
         self.layers = [fuse_layer(layer) for layer in base.layers]
+        if self.quantization != "none":  # the matmul weights; norms, embeddings and biases stay as they are
+            self.layers = [replace(w, **{name: quantize(getattr(w, name), self.quantization)
+                                         for name in ("qkv", "o", "gate_up", "down")}) for w in self.layers]
+        self.lm_head_weight = quantize(model.lm_head.weight.detach(), self.quantization)
         self.act = base.layers[0].mlp.act_fn
         self.eps = base.norm.variance_epsilon
         self.norm = base.norm
-        self.lm_head = model.lm_head
         attn = base.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.num_heads = self.config.num_attention_heads
         self.num_kv_heads = self.config.num_key_value_heads
         self.scaling = attn.scaling
-        param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
         self.max_model_len = max_model_len
         self.cache = SlotKVCache(len(self.layers), num_slots, max_model_len, self.num_kv_heads,
                                  self.head_dim, self.dtype, self.device)
@@ -88,13 +109,12 @@ class ModelRunner:
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
-        width = hidden.shape[-1]
         for layer_idx, w in enumerate(self.layers):
-            h = F.rms_norm(hidden, (width,), w.input_norm, self.eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias).view(-1, heads + 2 * kv_heads, dim)
+            h = rms_norm(hidden, w.input_norm, self.eps)
+            qkv = linear(h, w.qkv, w.qkv_bias).view(-1, heads + 2 * kv_heads, dim)
             if w.q_norm is not None:  # Qwen3: each head of q and k normalised before rotary
-                qkv = torch.cat([F.rms_norm(qkv[:, :heads], (dim,), w.q_norm, self.eps),
-                                 F.rms_norm(qkv[:, heads:heads + kv_heads], (dim,), w.k_norm, self.eps),
+                qkv = torch.cat([rms_norm(qkv[:, :heads], w.q_norm, self.eps),
+                                 rms_norm(qkv[:, heads:heads + kv_heads], w.k_norm, self.eps),
                                  qkv[:, heads + kv_heads:]], dim=1)
             # Rotary on q and k; the v heads' table is cos 1, sin 0 (v passes through unchanged).
             qkv = qkv * cos + qkv.roll(dim // 2, -1) * sin
@@ -108,14 +128,14 @@ class ModelRunner:
                     out[single.rows] = self._attend_single_tokens(q, layer_idx, single)
                 for off, n, slot, start in prompt_chunks:
                     out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
-            hidden = hidden + F.linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
-            gate, up = F.linear(F.rms_norm(hidden, (width,), w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(self.act(gate) * up, w.down)
+            hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
+            gate, up = linear(rms_norm(hidden, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
+            hidden = hidden + linear(self.act(gate) * up, w.down)
         last = [off + n - 1 for (off, n, _, _), c in zip(bounds, chunks) if c.wants_logits]
         if not last:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=dev)])
-        return self.lm_head(picked).float()
+        return linear(picked, self.lm_head_weight, self.model.lm_head.bias).float()
 
     def _attend_single_tokens(self, q: torch.Tensor, layer_idx: int, single: "_SingleTokenBatch") -> torch.Tensor:
         """One attention call for every one-token chunk (decodes), over all slots' cache views.

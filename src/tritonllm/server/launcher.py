@@ -339,7 +339,8 @@ def model_runs(metrics_url: str) -> dict[str, str]:
     runs = {}
     for labels in re.findall(r"^tritonllm_model_info\{([^}]*)\}", text, re.M):
         fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        runs[fields.get("model", "?")] = f"{fields.get('dtype', '?')} on {fields.get('device', '?')}"
+        quantized = f", {fields['quantization']} weights" if fields.get("quantization", "none") != "none" else ""
+        runs[fields.get("model", "?")] = f"{fields.get('dtype', '?')}{quantized} on {fields.get('device', '?')}"
     return runs
 
 

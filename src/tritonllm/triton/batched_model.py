@@ -26,7 +26,7 @@ class BatchedModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
         config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
-        self.engine = LLMEngine(model, tokenizer, config)
+        self.engine = LLMEngine(model, tokenizer, config, params.get("quantization"))
         self.info = export_model_info(self.model_name, self.engine)
 
     def execute(self, requests):

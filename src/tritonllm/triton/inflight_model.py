@@ -42,7 +42,7 @@ class InflightModel:
 
         def build() -> LLMEngine:
             model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
-            return LLMEngine(model, tokenizer, pb.engine_config(params))
+            return LLMEngine(model, tokenizer, pb.engine_config(params), params.get("quantization"))
 
         self.engine = LLMEngine.start_in_thread(build)  # torch never runs on this (the stub's) thread
         self.max_queue_size = int(params.get("max_queue_size", "256"))

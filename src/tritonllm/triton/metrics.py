@@ -19,13 +19,13 @@ TOKEN_GAP_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 
 
 
 def export_model_info(model_name: str, engine: LLMEngine) -> list:
-    """`tritonllm_model_info{model, dtype, device} 1`: what a model really runs (dtype `auto` resolved),
+    """`tritonllm_model_info{model, dtype, device, quantization} 1`: what a model really runs (dtype `auto` resolved),
     for the launcher's banner and the load test's report. Keep the returned objects alive."""
     family = pb_utils.MetricFamily(name=MODEL_INFO, description="What the model runs (labels); always 1",
                                    kind=pb_utils.MetricFamily.GAUGE)
     runner = engine.runner
     metric = family.Metric(labels={"model": model_name, "dtype": dtype_name(runner.dtype),
-                                   "device": runner.device.type})
+                                   "device": runner.device.type, "quantization": runner.quantization})
     metric.set(1)
     return [family, metric]
 
