@@ -40,6 +40,31 @@ def gguf_dir() -> Path:
     return Path(spec.origin).parent
 
 
+def _save_atomically(model, tokenizer, dest: Path) -> None:
+    """Save into a private temp dir beside dest, then swap it in: processes preparing the same
+    model at once (Triton loads three models in parallel) never see or write a half-saved one."""
+    import shutil
+    import tempfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        old = None
+        if dest.exists():
+            old = Path(tempfile.mkdtemp(prefix=dest.name + ".old-", dir=dest.parent))
+            os.replace(dest, old / "model")  # out of the way in one step
+        os.replace(tmp, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError:
+        if not (dest / "config.json").exists():  # else another process finished first: use theirs
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def prepare_bundled(force: bool = False) -> Path:
     """Convert the bundled GGUF into a float32 safetensors directory, once; later loads take seconds."""
     dest = bundled_dir()
@@ -59,14 +84,7 @@ def prepare_bundled(force: bool = False) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.generation_config = gguf_model.generation_config
-    tmp = dest.with_name(dest.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if dest.exists():
-        import shutil
-
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    _save_atomically(model, tokenizer, dest)
     return dest
 
 
@@ -98,14 +116,7 @@ def prepare_tiny(force: bool = False) -> Path:
         for param in model.parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.3)
-    tmp = dest.with_name(dest.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if dest.exists():
-        import shutil
-
-        shutil.rmtree(dest)
-    tmp.rename(dest)
+    _save_atomically(model, tokenizer, dest)
     return dest
 
 
