@@ -76,6 +76,11 @@ def pytest_runtest_makereport(item, call):
     offsets = item.stash.get(_LOG_OFFSETS, {})
     for server in _servers(item):
         with open(server.log_file, "rb") as log:
-            log.seek(offsets.get(id(server), 0))
-            lines = log.read().decode(errors="replace").splitlines()[-LOG_LINES_ON_FAILURE:]
-        report.sections.append((f"tritonserver log during this test ({server.log_file})", "\n".join(lines)))
+            data = log.read()
+        text = data.decode(errors="replace")
+        during = data[offsets.get(id(server), 0):].decode(errors="replace").splitlines()
+        title = f"tritonserver log during this test ({server.log_file})"
+        if not during:  # nothing logged meanwhile: the lines before it may still tell
+            title = f"tritonserver logged nothing during this test; its last lines before ({server.log_file})"
+            during = text.splitlines()[-30:]
+        report.sections.append((title, "\n".join(during[-LOG_LINES_ON_FAILURE:])))
