@@ -17,7 +17,7 @@ import numpy as np
 from tritonllm_loadtest.metrics_scraper import delta, load_scrapes, series
 from tritonllm_loadtest.samples import Sample, load_samples
 
-STREAMING_PROTOCOLS = ("grpc-stream", "http-sse")
+STREAMING_PROTOCOLS = ("grpc-stream", "http-sse", "openai-sse")
 SCHEME_OF_MODEL = {"llm_inflight": "inflight", "llm_dynamic": "dynamic", "llm_static": "static"}
 
 

@@ -424,7 +424,7 @@ def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_pa
     assert "| other-server-c8 | other-server | openai-sse |" in text
     runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
     assert runs["other-server"]["finished"] == runs["inflight"]["finished"] == 8
-    assert runs["other-server"]["errors"] == 0
+    assert runs["other-server"]["errors"] == 0 and runs["other-server"]["streaming"] is True
     ratios = json.loads((out / "summary.json").read_text())["ratios"]
     assert [r["baseline"] for r in ratios] == ["other-server"]
     indexes = {s: sorted((x.index, x.expected_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
