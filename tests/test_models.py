@@ -124,7 +124,10 @@ def test_bundled_model_answers_in_bfloat16(monkeypatch, quantization):
     model, tokenizer = models.load_model("bundled", "cpu", torch.bfloat16)
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=4, max_model_len=256), quantization)
     assert engine.runner.quantization == quantization
-    chat = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-            for q in ("What is the capital of France?", "What is the capital of Japan?", "Say hello.", "Count to 3.")]
-    answers = engine.generate(chat, SamplingParams(max_tokens=16, temperature=0))
-    assert "Paris" in answers[0].text and "Tokyo" in answers[1].text, [a.text for a in answers]
+    capitals = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Germany": "Berlin"}
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is the capital of {country}?"}],
+                                          add_generation_prompt=True, tokenize=False) for country in capitals]
+    answers = [out.text for out in engine.generate(chat, SamplingParams(max_tokens=16, temperature=0))]
+    right = sum(city in answer for city, answer in zip(capitals.values(), answers))
+    # All four here; bf16 kernels of another CPU may flip one near-tied token, not the model's knowledge.
+    assert right >= 3, answers
