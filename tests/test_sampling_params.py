@@ -173,3 +173,19 @@ def test_penalty_flags():
         assert SamplingParams.from_dict({key: str(value)}).needs_penalties
     assert not SamplingParams.from_dict({"temperature": "0.001"}).greedy
     assert SamplingParams.from_dict({"temperature": "0.0"}).greedy
+
+
+def test_json_nested_too_deeply_or_too_long_is_a_clear_error():
+    """A deeply nested array used to escape as a raw RecursionError from the model."""
+    from tritonllm.engine.sampling_params import json_object
+
+    deep = '{"stop": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(ValueError, match="sampling_parameters is not valid JSON: JSON nested too deeply"):
+        json_object(deep, "sampling_parameters")
+    with pytest.raises(ValueError, match="sampling_parameters is not valid JSON"):
+        json_object('{"max_tokens": ' + "9" * 5000 + "}", "sampling_parameters")
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        SamplingParams.from_dict({"stop_token_ids": "[" * 100_000})
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_dict({"stop_token_ids": "[" * 100_000})
+    assert len(str(err.value)) < 200  # the value is cut short in the message

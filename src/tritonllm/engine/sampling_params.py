@@ -69,13 +69,22 @@ class SamplingParams:
         return cls(**kwargs)
 
 
+def _loads(text: str | bytes) -> Any:
+    """json.loads with every failure a ValueError: bad syntax, nesting too deep for the parser
+    (a RecursionError), or a number too long to convert."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def json_object(text: str | bytes, what: str) -> dict[str, Any]:
     """Parse JSON text that must hold an object; blank text is an empty object."""
     if not text.strip():
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
+        value = _loads(text)
+    except ValueError as exc:
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{what} must be a JSON object")
@@ -84,7 +93,7 @@ def json_object(text: str | bytes, what: str) -> dict[str, Any]:
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
-        raise ValueError(f"sampling parameter {key!r} {why}, got {value!r}")
+        raise ValueError(f"sampling parameter {key!r} {why}, got {_shown(value)}")
 
 
 def _to_int(key: str, value: Any) -> int:
@@ -127,8 +136,8 @@ def _to_str_list(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
         if value.startswith("["):  # a JSON list sent as text
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
+                value = _loads(value)
+            except ValueError:
                 return [value]
         else:
             return [value]
@@ -140,8 +149,8 @@ def _to_str_list(key: str, value: Any) -> list[str]:
 def _to_int_list(key: str, value: Any) -> list[int]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = _loads(value)
+        except ValueError:
             _fail(key, value, "a list of integers")
     if isinstance(value, int) and not isinstance(value, bool):
         return [value]
@@ -151,7 +160,13 @@ def _to_int_list(key: str, value: Any) -> list[int]:
 
 
 def _fail(key: str, value: Any, kind: str):
-    raise ValueError(f"sampling parameter {key!r} must be {kind}, got {value!r}")
+    raise ValueError(f"sampling parameter {key!r} must be {kind}, got {_shown(value)}")
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """repr of a value for an error message, cut short: a huge value must not make a huge error."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 _COERCE = {
