@@ -22,7 +22,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pytest
@@ -34,6 +34,7 @@ from conftest import start_test_server
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tritonllm.engine.faults import hold_prompt
+from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
 
 BATCHED = ("llm_dynamic", "llm_static")
@@ -531,6 +532,16 @@ def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
 
 LONG_PROMPT = "hello world " * 1100  # > 2048 tokens: longer than max_model_len
 
+# (sampling key, what is wrong, value): every key out of range or of the wrong type
+SAMPLING_CASES = (
+    ("max_tokens", "zero", 0), ("max_tokens", "negative", -3), ("max_tokens", "fraction", 1.5),
+    ("min_tokens", "negative", -1), ("temperature", "negative", -0.5), ("temperature", "word", "hot"),
+    ("temperature", "nan", "nan"), ("top_k", "negative", -5), ("top_k", "word", "many"), ("top_p", "zero", 0),
+    ("seed", "negative", -1), ("seed", "past_2_63", 2**64), ("seed", "fraction", 1.5),
+    ("stop", "empty_string", [""]), ("stop", "number", 5), ("stop_token_ids", "strings", ["a"]),
+    ("stop_token_ids", "negative", [-1]), ("ignore_eos", "word", "maybe"), ("repetition_penalty", "zero", 0),
+    ("presence_penalty", "past_2", 3), ("frequency_penalty", "word", "x"), ("skip_special_tokens", "number", 2),
+)
 # name -> (inputs, what the error must mention)
 BAD = {
     "missing_text_input": ({"sampling_parameters": {"max_tokens": 4}}, "text_input"),
@@ -541,8 +552,34 @@ BAD = {
     "out_of_range": ({"text_input": "Hi", "sampling_parameters": {"top_p": 1.5}}, "top_p"),
     "prompt_too_long": ({"text_input": LONG_PROMPT}, "max_model_len"),
     "stream_on_batched": ({"text_input": "Hi", "stream": True}, "cannot stream"),
+    **{f"sampling_{key}_{tag}": ({"text_input": "Hi", "sampling_parameters": {key: value}}, key)
+       for key, tag, value in SAMPLING_CASES},
+    "min_tokens_over_max_tokens": ({"text_input": "Hi", "sampling_parameters": {"max_tokens": 4, "min_tokens": 9}},
+                                   "min_tokens"),
+    "max_tokens_past_max_model_len": ({"text_input": "Hi", "sampling_parameters": {"max_tokens": 5000}}, "max_model_len"),
+    "empty_prompt": ({"text_input": ""}, "prompt is empty"),
+    "json_array": ({"text_input": "Hi", "sampling_parameters": "[1, 2]"}, "must be a JSON object"),
+    "json_null": ({"text_input": "Hi", "sampling_parameters": "null"}, "must be a JSON object"),
+    "json_nested_too_deeply": ({"text_input": "Hi", "sampling_parameters": '{"stop": ' + "[" * 50_000 + "]" * 50_000 + "}"},
+                               "nested too deeply"),
+    "json_number_too_long": ({"text_input": "Hi", "sampling_parameters": '{"max_tokens": ' + "9" * 5000 + "}"},
+                             "not valid JSON"),
+    "unknown_input": ({"text_input": "Hi", "no_such_input": "x"}, "no_such_input"),
+    # Refused by Triton itself, before the model: inputs of the wrong datatype
+    "text_input_as_int32": ({"text_input": np.array([5], dtype=np.int32)}, "text_input"),
+    "max_tokens_as_fp32": ({"text_input": "Hi", "max_tokens": np.array([4.0], dtype=np.float32)}, "max_tokens"),
 }
 GOOD = {"text_input": "Hi", "sampling_parameters": {**GREEDY, "max_tokens": 3}}
+
+
+def test_bad_inputs_cover_every_sampling_key_and_forty_cases():
+    assert len(BAD) >= 40
+    assert {f.name for f in fields(SamplingParams)} == {key for key, _, _ in SAMPLING_CASES}
+
+
+def fits_json(inputs: dict) -> bool:
+    """HTTP generate takes JSON: no raw bytes (non-UTF-8) and no typed arrays."""
+    return all(isinstance(v, (str, dict, bool, int, float)) for v in inputs.values())
 
 
 def as_json_body(inputs: dict) -> dict:
@@ -558,7 +595,7 @@ def test_inflight_bad_request_gets_its_error_then_serves(triton_server, case):
     inputs, expected = BAD[case]
     for stream in (False, True):
         assert expected in stream_error(triton_server, **inputs, **({"stream": True} if stream else {}))
-    if isinstance(inputs.get("text_input", ""), str):  # JSON cannot carry non-UTF-8 bytes
+    if fits_json(inputs):
         response = generate(triton_server, "llm_inflight", **as_json_body(inputs))
         assert response.status_code == 400 and expected in response.json()["error"], response.text
         events = generate_stream(triton_server, "llm_inflight", stream=True, **as_json_body(inputs))
@@ -574,7 +611,7 @@ def test_dynamic_bad_request_gets_its_error_then_serves(triton_server, case):
         with pytest.raises(InferenceServerException) as err:
             infer(triton_server, "llm_dynamic", **inputs)
         assert expected in str(err.value)
-    if isinstance(inputs.get("text_input", ""), str):
+    if fits_json(inputs):
         response = generate(triton_server, "llm_dynamic", **as_json_body(inputs))
         assert response.status_code == 400 and expected in response.json()["error"], response.text
     assert text_of(grpc_infer(triton_server, "llm_dynamic", **GOOD)).startswith("Hi")
