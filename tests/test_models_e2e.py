@@ -501,8 +501,10 @@ def test_cancelled_stream_frees_running_and_waiting_sequences(triton_server, ref
     running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0)
     assert running == 0, f"{running} sequences still running {SETTLE} s after the stream was cancelled"
     assert wait_for_metric(triton_server, "tritonllm_num_requests_waiting", lambda v: v == 0) == 0
+    # Each held request makes at most `hold` tokens; the waiting ones too, since the cancellations
+    # reach the engine one by one and a freed slot may admit a waiting request for a step first.
     generated = metric(triton_server, "tritonllm_generation_tokens_total") - tokens0
-    assert generated <= slots * hold, f"{generated} tokens: more than the running requests' {hold} each"
+    assert generated <= n * hold, f"{generated} tokens: more than {hold} for some request"
     assert not any(stream.results[rid].finals for rid in ids), "a held request ended by itself"
     # The engine still serves.
     res = stream_one(triton_server, text_input=PROMPTS[0], sampling_parameters={**GREEDY, "max_tokens": 5},
