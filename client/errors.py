@@ -26,6 +26,12 @@ class RequestFailed(ClientError):
 
     exit_code = EXIT_REQUEST
 
+    def __init__(self, message: str):
+        if "Stub process" in message and "not healthy" in message:
+            message += (" (the model's Python process has died; Triton does not restart it: "
+                        "the server must be restarted)")
+        super().__init__(message)
+
 
 class ServerUnreachable(ClientError):
     """Nothing answers at the URL (connection refused, wrong port, timeout)."""
@@ -45,8 +51,9 @@ class ModelUnavailable(ClientError):
     exit_code = EXIT_MODEL
 
 
-def unknown_model(model: str, url: str, known: list[str]) -> ModelUnavailable:
-    listing = ", ".join(sorted(known)) or "none"
+def unknown_model(model: str, url: str, known: list[str] | None) -> ModelUnavailable:
+    """`known` is None when the server does not list its models (restricted repository API)."""
+    listing = "not listed to this client" if known is None else ", ".join(sorted(known)) or "none"
     return ModelUnavailable(f"model '{model}' is unknown to the server at {url} (models: {listing})")
 
 

@@ -55,19 +55,33 @@ class GrpcSession:
         try:
             return call(*args, client_timeout=self.timeout, **kwargs)
         except InferenceServerException as exc:
-            if exc.status() in _UNREACHABLE:
+            if exc.status() in _UNREACHABLE and "restricted" not in exc.message():
                 raise ServerUnreachable(self.url, self.protocol, _short(exc.message())) from None
             raise RequestFailed(exc.message()) from None
 
     def model_info(self, model: str) -> ModelInfo:
         """The model's config; raises ServerUnreachable or ModelUnavailable."""
-        index = self._check(self.client.get_model_repository_index, as_json=True).get("models", [])
+        try:
+            index = self._check(self.client.get_model_repository_index, as_json=True).get("models", [])
+        except RequestFailed as exc:
+            if "restricted" not in str(exc):
+                raise
+            return self._model_info_without_index(model)  # admin APIs restricted (server beyond loopback)
         entries = [entry for entry in index if entry.get("name") == model]
         if not entries:
             raise unknown_model(model, self.url, sorted({entry.get("name", "?") for entry in index}))
         if not any(entry.get("state") == "READY" for entry in entries):
             raise model_not_ready(model, entries[0].get("state", ""), entries[0].get("reason", ""))
         config = self._check(self.client.get_model_config, model, as_json=True)["config"]
+        return model_info_from_config(config)
+
+    def _model_info_without_index(self, model: str) -> ModelInfo:
+        try:
+            config = self._check(self.client.get_model_config, model, as_json=True)["config"]
+        except RequestFailed:
+            raise unknown_model(model, self.url, None) from None
+        if not self._check(self.client.is_model_ready, model):
+            raise model_not_ready(model, "UNAVAILABLE")
         return model_info_from_config(config)
 
     # --- generation ---------------------------------------------------------------------------

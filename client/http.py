@@ -56,6 +56,8 @@ class HttpSession:
 
     def model_info(self, model: str) -> ModelInfo:
         """The model's config; raises ServerUnreachable or ModelUnavailable."""
+        if self.get("/v2/repository/index", method="POST").status_code == 403:
+            return self._model_info_without_index(model)  # admin APIs restricted (server beyond loopback)
         index = self.repository_index()
         entries = [entry for entry in index if entry.get("name") == model]
         if not entries:
@@ -63,6 +65,14 @@ class HttpSession:
         if not any(entry.get("state") == "READY" for entry in entries):
             raise model_not_ready(model, entries[0].get("state", ""), entries[0].get("reason", ""))
         return model_info_from_config(self.get_json(f"/v2/models/{model}/config"))
+
+    def _model_info_without_index(self, model: str) -> ModelInfo:
+        response = self.get(f"/v2/models/{model}/config")
+        if response.status_code != 200:
+            raise unknown_model(model, self.url, None)
+        if self.get(f"/v2/models/{model}/ready").status_code != 200:
+            raise model_not_ready(model, "UNAVAILABLE")
+        return model_info_from_config(response.json())
 
     # --- generation ---------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
+import torch
 
 from tritonllm.engine import faults
 from tritonllm.models import DTYPE_ENV, load_model
@@ -47,6 +49,30 @@ def triton_server(tmp_path_factory):
 def tiny_model():
     """The same tiny model the server runs, in-process: (model, tokenizer)."""
     return load_model("tiny", "cpu")
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model):
+    """Greedy text of in-process `model.generate`, stopped at EOS, as the models must return it."""
+    model, tokenizer = tiny_model
+    eos = {tokenizer.eos_token_id, *np.atleast_1d(model.generation_config.eos_token_id or [])}
+    cache: dict[tuple[str, int], str] = {}
+
+    def greedy(prompt: str, max_tokens: int) -> str:
+        if (prompt, max_tokens) not in cache:
+            ids = tokenizer.encode(prompt)
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     max_new_tokens=max_tokens, do_sample=False)
+            new = out[0, len(ids):].tolist()
+            for i, token in enumerate(new):
+                if token in eos:
+                    new = new[: i + 1]
+                    break
+            cache[prompt, max_tokens] = tokenizer.decode(new, skip_special_tokens=True)
+        return cache[prompt, max_tokens]
+
+    return greedy
 
 
 # ---------------------------------------------------------------- server logs of failed tests

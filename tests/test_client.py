@@ -313,3 +313,11 @@ def test_stop_and_seed_reach_the_server(triton_server, capsys):
                        "--ignore-eos", "--temperature", "1", "--top-k", "50", "--top-p", "0.95", "--seed", "7")
                for _ in range(2)]
     assert sampled[0][0] == 0 and sampled[0][1] == sampled[1][1]  # same seed, same text
+
+
+def test_a_dead_stub_error_says_what_happened():
+    from tritonllm_client.errors import RequestFailed
+
+    message = str(RequestFailed("llm_inflight: Stub process 'llm_inflight_0_0' is not healthy."))
+    assert "Python process has died" in message and "restarted" in message
+    assert str(RequestFailed("llm_inflight: top_p must be in (0, 1]")) == "llm_inflight: top_p must be in (0, 1]"

@@ -519,3 +519,39 @@ def test_held_request_keeps_its_slot_until_aborted(tiny, monkeypatch):
     engine.step()
     assert collect.final(held).finish_reason == "abort" and engine.num_running == 0
     assert not engine.has_unfinished()
+
+
+def test_abort_all_waiting_then_everything(tiny):
+    """What llm_inflight does on SIGTERM: refuse the waiting requests, later end the running ones."""
+    engine = make_engine(tiny)
+    collect = Collector()
+    long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    rids = [engine.add_request(f"request number {i}", long, collect) for i in range(6)]
+    for _ in range(3):
+        engine.step()
+    assert engine.num_running == 4 and engine.num_waiting == 2
+    engine.abort_all(waiting_only=True)
+    engine.step()
+    assert [collect.final(r).finish_reason for r in rids[4:]] == ["abort", "abort"]
+    assert not any(o.finished for r in rids[:4] for o in collect.outputs.get(r, [])) and engine.num_running == 4
+    assert engine.num_waiting == 0
+    engine.abort_all()
+    engine.step()
+    assert [collect.final(r).finish_reason for r in rids[:4]] == ["abort"] * 4
+    assert not engine.has_unfinished()
+
+
+def test_a_failing_forward_fails_only_the_request_that_fails_alone(tiny, monkeypatch):
+    """The test-only fault `[[fail]]` makes every forward computing its request raise: the batch is
+    run again one by one, so only that request ends with an error, and the others answer exactly."""
+    from tritonllm.engine import faults
+
+    monkeypatch.setenv(faults.ENV, "1")
+    engine = make_engine(tiny)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    expected = [o.text for o in engine.generate(TEXT_PROMPTS[:3], greedy)]
+    outs = engine.generate([f"{faults.FAIL_MARK} boom", *TEXT_PROMPTS[:3]], greedy)
+    assert outs[0].finish_reason == "error" and "test fault" in outs[0].error and outs[0].token_ids == []
+    assert [o.text for o in outs[1:]] == expected and all(o.error is None for o in outs[1:])
+    assert sorted(engine.scheduler.free_slots) == list(range(SMALL["max_num_seqs"]))
+    assert [o.text for o in engine.generate(TEXT_PROMPTS[:3], greedy)] == expected  # serves on

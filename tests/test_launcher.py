@@ -202,3 +202,17 @@ def test_main_exits_1_on_broken_model(tmp_path, capsys):
                "--log-file", str(tmp_path / "server.log")])
     assert rc == 1
     assert "broken_init" in capsys.readouterr().err
+
+
+def test_beyond_loopback_the_admin_apis_get_a_key():
+    from tritonllm.server.launcher import ADMIN_APIS, ADMIN_KEY_HEADER, TritonServer, admin_key_for
+
+    assert admin_key_for("127.0.0.1", None) is None and admin_key_for("localhost", None) is None
+    assert admin_key_for("127.0.0.1", "given") == "given"
+    first, second = admin_key_for("0.0.0.0", None), admin_key_for("0.0.0.0", None)
+    assert first and second and first != second and len(first) >= 20  # random each time
+    cmd = TritonServer(host="0.0.0.0", admin_key="k", exit_timeout=12).command(Path("/triton"))
+    protect = f"{','.join(ADMIN_APIS)}:{ADMIN_KEY_HEADER}=k"
+    assert f"--http-restricted-api={protect}" in cmd and f"--grpc-restricted-protocol={protect}" in cmd
+    assert "--exit-timeout-secs=12" in cmd and "--http-address=0.0.0.0" in cmd
+    assert not any("restricted" in arg for arg in TritonServer().command(Path("/triton")))

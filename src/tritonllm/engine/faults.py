@@ -4,6 +4,8 @@ With it on, a prompt that contains `[[hold:N]]` makes a request that cannot fini
 generates N tokens, then keeps its slot without computing until it is aborted (cancelled by its
 client, or the engine shuts down). Tests use it wherever a request must certainly still be
 running, instead of a long request that a fast model might finish inside the test's window.
+A prompt that contains `[[fail]]` makes every forward that computes it raise, as a broken kernel
+or an out-of-memory error would: tests check that only that request ends with an error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ import re
 ENV = "TRITONLLM_TEST_FAULTS"
 HOLD_IDLE_S = 0.01  # the engine's pause when every scheduled sequence is held (no busy loop)
 _HOLD = re.compile(r"\[\[hold:(\d+)\]\]")
+FAIL_MARK = "[[fail]]"
+
+
+class InjectedFault(RuntimeError):
+    """The failure a `[[fail]]` prompt causes."""
 
 
 def enabled() -> bool:
@@ -26,6 +33,11 @@ def hold_after(prompt) -> int | None:
         return None
     match = _HOLD.search(prompt)
     return int(match.group(1)) if match else None
+
+
+def fails_forward(prompt) -> bool:
+    """Whether every forward computing this request must fail (its prompt asks for it, faults are on)."""
+    return isinstance(prompt, str) and FAIL_MARK in prompt and enabled()
 
 
 def hold_prompt(tokens: int, text: str = "") -> str:

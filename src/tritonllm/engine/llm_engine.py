@@ -54,6 +54,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._inbox: deque[Sequence] = deque()
         self._aborts: deque[str] = deque()
+        self._abort_scope: str | None = None  # "waiting" or "all": abort_all() asked for it
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -79,6 +80,7 @@ class LLMEngine:
         seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
         seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
         seq.hold_after = faults.hold_after(prompt)
+        seq.fails_forward = faults.fails_forward(prompt)
         with self._wake:
             self._inbox.append(seq)
             self._wake.notify()
@@ -88,6 +90,13 @@ class LLMEngine:
         """Finish a request with reason `abort`; its slot is free for the next step."""
         with self._wake:
             self._aborts.append(request_id)
+            self._wake.notify()
+
+    def abort_all(self, waiting_only: bool = False) -> None:
+        """Finish every request not yet running (or every request) with reason `abort`."""
+        with self._wake:
+            if self._abort_scope != "all":
+                self._abort_scope = "waiting" if waiting_only else "all"
             self._wake.notify()
 
     @property
@@ -111,11 +120,14 @@ class LLMEngine:
             if not chunks:
                 time.sleep(faults.HOLD_IDLE_S)
         if chunks:
+            computed = [c.seq.num_computed for c in chunks]
             try:
                 outputs += self._run(chunks)
-            except Exception as exc:  # a failed forward fails its sequences, not the engine
-                log.exception("step failed")
-                outputs += [self._finish(c.seq, "error", str(exc)) for c in chunks if not c.seq.finished]
+            except Exception:  # a failed step fails the sequences that fail alone, not the engine
+                log.exception("a step of %d sequences failed; running them one by one", len(chunks))
+                for c, num_computed in zip(chunks, computed):
+                    c.seq.num_computed = num_computed  # the step is redone from where it started
+                outputs += self._run_one_by_one(chunks)
         for out, seq in outputs:
             if seq.callback is not None:
                 try:
@@ -128,16 +140,34 @@ class LLMEngine:
         with self._wake:
             arrived, self._inbox = list(self._inbox), deque()
             aborted, self._aborts = list(self._aborts), deque()
+            scope, self._abort_scope = self._abort_scope, None
         for seq in arrived:
             self.scheduler.add(seq)
         outputs = []
+        if scope is not None:
+            doomed = list(self.scheduler.waiting) + (list(self.scheduler.running) if scope == "all" else [])
+            outputs += [self._finish(seq, "abort") for seq in doomed]
         for request_id in aborted:
             seq = self.scheduler.find(request_id)
             if seq is not None:
                 outputs.append(self._finish(seq, "abort"))
         return outputs
 
+    def _run_one_by_one(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
+        outputs = []
+        for c in chunks:
+            if c.seq.finished:
+                continue
+            try:
+                outputs += self._run([c])
+            except Exception as exc:
+                log.exception("%s failed alone; it ends with an error", c.seq.request_id)
+                outputs.append(self._finish(c.seq, "error", f"the model failed on this request: {exc}"))
+        return outputs
+
     def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
+        if any(c.seq.fails_forward and not c.padding for c in chunks):
+            raise faults.InjectedFault("test fault: the forward failed")
         batch = [Chunk(c.seq.slot, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
                        c.start, c.samples) for c in chunks]
         logits = self.runner.forward(batch)
@@ -255,7 +285,7 @@ class LLMEngine:
         """Step whenever there is work, until shutdown(); blocks the calling thread."""
         while True:
             with self._wake:
-                while not self._stopping and not self._inbox and not self._aborts and not self.scheduler.has_work():
+                while not (self._stopping or self._inbox or self._aborts or self._abort_scope or self.scheduler.has_work()):
                     self._wake.wait()
                 if self._stopping:
                     break

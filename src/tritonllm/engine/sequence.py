@@ -52,6 +52,7 @@ class Sequence:
     generator: object | None = None
     sent_tokens: int = 0  # output tokens already reported
     hold_after: int | None = None  # test-only fault (engine/faults.py): held after this many tokens
+    fails_forward: bool = False  # test-only fault: every forward computing it raises
 
     @property
     def num_prompt(self) -> int:

@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -161,6 +162,16 @@ def _http_get_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+# Triton APIs that change or reveal the server, closed to clients without the admin key when the
+# server listens beyond loopback. Inference, health, metadata, model config, statistics and the
+# metrics port stay open.
+ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+ADMIN_KEY_HEADER = "triton-admin-key"
+ADMIN_KEY_ENV = "TRITONLLM_ADMIN_KEY"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DEAD_STUB_STOP_S = 5  # seconds the other models get to finish when one model's stub has died
+
+
 class TritonServer:
     """A tritonserver child process; use as a context manager or start()/stop()."""
 
@@ -177,6 +188,8 @@ class TritonServer:
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
         triton_home: Path | None = None,
+        exit_timeout: int = 30,
+        admin_key: str | None = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
@@ -186,11 +199,14 @@ class TritonServer:
         self.env_overrides = dict(env or {})
         self.ready_timeout = ready_timeout
         self.triton_home = triton_home
+        self.exit_timeout = exit_timeout
+        self.admin_key = admin_key
         if log_file is None:
             fd, log_file = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
         self.log_file = Path(log_file)
         self.process: subprocess.Popen | None = None
+        self.stubs: dict[int, str] = {}
         self.ready_seconds: float | None = None
 
     @property
@@ -219,7 +235,11 @@ class TritonServer:
             "--allow-cpu-metrics=true",
             "--exit-on-error=true",
             "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout}",
         ]
+        if self.admin_key:
+            protect = f"{','.join(ADMIN_APIS)}:{ADMIN_KEY_HEADER}={self.admin_key}"
+            cmd += [f"--http-restricted-api={protect}", f"--grpc-restricted-protocol={protect}"]
         if self.models:
             cmd.append("--model-control-mode=explicit")
             cmd += [f"--load-model={m}" for m in self.models]
@@ -248,9 +268,31 @@ class TritonServer:
             raise
         if problem is None:
             self.ready_seconds = time.monotonic() - t0
+            self.stubs = self._find_stubs()
             return self
         self.stop()
         raise ServerStartError(self._failure_message(problem))
+
+    def _find_stubs(self) -> dict[int, str]:
+        """pid -> model name of the running Python-backend stubs in the server's process group (a
+        process between fork and exec, or a zombie, has an empty command line and is left out)."""
+        stubs = {}
+        for pid in group_pids(self.process.pid):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:  # gone meanwhile
+                continue
+            if args[0].endswith("triton_python_backend_stub") and len(args) > 1:
+                stubs[pid] = Path(args[1]).parent.parent.name  # <model>/<version>/model.py
+        return stubs
+
+    def dead_stubs(self) -> list[str]:
+        """Models whose stub, once seen running, has died. Triton (2.51) neither restarts the stub of
+        a decoupled model nor marks the model unready: its open requests hang and new ones fail with
+        "Stub process ... is not healthy"."""
+        running = self._find_stubs()
+        self.stubs.update(running)
+        return sorted({name for pid, name in self.stubs.items() if pid not in running})
 
     def _wait_ready(self, t0: float) -> str | None:
         """Poll readiness; return None once ready, else what went wrong."""
@@ -282,15 +324,21 @@ class TritonServer:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the process group, then SIGKILL it after ``timeout`` seconds."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM the process group, then SIGKILL it after ``timeout`` seconds.
+
+        The stubs get SIGTERM too: llm_inflight ends its open requests (triton/termination.py).
+        Triton waits up to its exit timeout for models to unload; a client that keeps an idle gRPC
+        stream open holds a decoupled model past that, and the server then waits for the client.
+        The default timeout is the exit timeout plus 10 s, after which the group is killed.
+        """
         proc = self.process
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the server leads its own group
         _signal_group(pgid, signal.SIGTERM)
         try:
-            proc.wait(timeout=timeout)
+            proc.wait(timeout=self.exit_timeout + 10 if timeout is None else timeout)
         except subprocess.TimeoutExpired:
             pass
         # Stubs left behind (or a hung server) get SIGKILL.
@@ -321,9 +369,23 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def group_pids(pgid: int) -> list[int]:
+    """The processes of a process group (the server and its stubs)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except OSError:  # gone meanwhile
+                continue
+    return pids
+
+
 def repository_index(server: TritonServer) -> list[dict]:
     """Entries of /v2/repository/index (name, version, state, reason)."""
-    req = urllib.request.Request(f"http://{server.http_url}/v2/repository/index",
+    headers = {ADMIN_KEY_HEADER: server.admin_key} if server.admin_key else {}
+    req = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", headers=headers,
                                  data=b"{}", method="POST")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
@@ -344,6 +406,13 @@ def model_runs(metrics_url: str) -> dict[str, str]:
     return runs
 
 
+def admin_key_for(host: str, given: str | None) -> str | None:
+    """The admin key to restrict the server with: the one given, else a random one off loopback."""
+    if given:
+        return given
+    return None if host in LOOPBACK else secrets.token_urlsafe(18)
+
+
 def _banner(server: TritonServer) -> str:
     runs = model_runs(server.metrics_url)
     try:
@@ -360,6 +429,8 @@ def _banner(server: TritonServer) -> str:
         f"  gRPC:    {server.grpc_url}",
         f"  metrics: {server.metrics_url}",
         "  models:  " + (", ".join(models) or "<none>"),
+        *([f"  admin:   {', '.join(ADMIN_APIS)} need header {ADMIN_KEY_HEADER}: {server.admin_key}"]
+          if server.admin_key else []),
         "Try:",
         f"  curl -s {base}/v2/models/llm_inflight/generate -d '{body}'",
         f"  curl -sN {base}/v2/models/llm_inflight/generate_stream -d '{stream_body}'",
@@ -373,7 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default loopback); beyond loopback the admin APIs need a key")
+    p.add_argument("--admin-key", default=os.environ.get(ADMIN_KEY_ENV),
+                   help=f"key (header/metadata {ADMIN_KEY_HEADER}) for the {', '.join(ADMIN_APIS)} APIs; "
+                        f"default ${ADMIN_KEY_ENV}, or a random one when --host is not loopback")
+    p.add_argument("--exit-timeout", type=int, default=30,
+                   help="seconds Triton waits for requests to end on SIGTERM before it exits")
     p.add_argument("--model", action="append", dest="models", metavar="NAME",
                    help="load only this model (repeatable); default: all")
     p.add_argument("--ready-timeout", type=float, default=120.0)
@@ -384,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         model_repository=args.model_repository, http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port, host=args.host,
         models=args.models, log_file=args.log_file, ready_timeout=args.ready_timeout,
+        exit_timeout=args.exit_timeout, admin_key=admin_key_for(args.host, args.admin_key),
     )
+    stop_timeout = None  # the server's exit timeout
     # SIGTERM and SIGINT (also when inherited as ignored) raise KeyboardInterrupt.
     old_handlers = {s: signal.signal(s, signal.default_int_handler)
                     for s in (signal.SIGINT, signal.SIGTERM)}
@@ -393,9 +472,17 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         print(_banner(server), flush=True)
         while server.is_running():
+            dead = server.dead_stubs()
+            if dead:
+                print(f"error: the Python process of {', '.join(dead)} died; Triton does not restart it and "
+                      "would keep answering 'not healthy' (open streams would hang). Stopping the server "
+                      "so that a supervisor can restart it; see " + str(server.log_file), file=sys.stderr)
+                stop_timeout = DEAD_STUB_STOP_S  # the dead model can never unload: do not wait for it
+                return 1
             time.sleep(1)
-        print(f"tritonserver exited with code {server.process.returncode}; "
-              f"see {server.log_file}", file=sys.stderr)
+        code = server.process.returncode
+        how = f" (killed by {signal.Signals(-code).name})" if code < 0 else ""
+        print(f"tritonserver exited with code {code}{how}; see {server.log_file}", file=sys.stderr)
         return 1
     except ServerStartError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -406,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig in old_handlers:  # a second Ctrl-C must not interrupt the stop
             signal.signal(sig, signal.SIG_IGN)
-        server.stop()
+        server.stop(stop_timeout)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
 

@@ -47,7 +47,7 @@ class BatchedModel:
         for i, req, request_id in batch:
             out = merge_outputs(outputs[request_id])
             if out.error:
-                responses[i] = pb.error_response(out.error)
+                responses[i] = pb.internal_error_response(out.error)
                 continue
             text = req.prompt + out.text if req.echo_prompt else out.text
             responses[i] = pb.output_response(req, text, out, out.num_output_tokens, batched=True)

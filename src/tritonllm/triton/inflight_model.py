@@ -4,7 +4,9 @@
 step. The engine thread owns all model state and hands each step's outputs to a queue; a sender
 thread turns them into Triton responses, polls cancellation and updates metrics, so the engine
 never waits on the network. Every request gets exactly one FINAL flag: on success, error,
-cancellation and unload.
+cancellation and unload. On SIGTERM (triton/termination.py) it stops taking requests, refuses the
+waiting ones, gives the running ones `shutdown_grace_seconds` to finish, then ends the rest, so
+the server can exit within its exit timeout with every stream closed.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from tritonllm.models import load_model
 from tritonllm.triton import pb
 from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest, RequestError
+from tritonllm.triton.termination import on_termination
 
 log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.05  # cancelled requests leave within a step (a CPU step takes ~0.1 s)
+UNLOADING = "llm_inflight is shutting down; the request was not finished (retry on another server)"
 
 
 @dataclass
@@ -46,32 +50,52 @@ class InflightModel:
 
         self.engine = LLMEngine.start_in_thread(build)  # torch never runs on this (the stub's) thread
         self.max_queue_size = int(params.get("max_queue_size", "256"))
+        self.shutdown_grace_s = float(params.get("shutdown_grace_seconds", "10"))
+        self.shutting_down = False
         self.metrics = InflightMetrics(args["model_name"], self.engine)
         self.open: dict[str, OpenRequest] = {}
         self.outbox: queue.Queue[RequestOutput | None] = queue.Queue()  # None: stop the sender
         self.sender_thread = threading.Thread(target=self._send_loop, name="llm-sender", daemon=True)
         self.sender_thread.start()
+        on_termination(self._shut_down)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                req = pb.read_request(request)
-            except RequestError as exc:
-                sender.send(pb.error_response(str(exc)), flags=pb.final_flag())
-                continue
-            if self.engine.num_waiting >= self.max_queue_size:
-                sender.send(pb.unavailable_response(
-                    f"llm_inflight queue is full ({self.max_queue_size} waiting requests); retry later"), flags=pb.final_flag())
-                continue
             request_id = f"{id(request)}-{time.monotonic_ns()}"
-            self.open[request_id] = OpenRequest(request_id, req, sender, request)
             try:
-                self.engine.add_request(req.prompt, req.params, self.outbox.put, request_id)
-            except ValueError as exc:
+                refusal = self._admit(request, sender, request_id)
+            except ValueError as exc:  # RequestError, or a request that can never run
+                refusal = pb.error_response(str(exc))
+            except Exception as exc:  # whatever it is, this request still gets its one final response
+                log.exception("llm_inflight: accepting a request failed")
+                refusal = pb.internal_error_response(f"llm_inflight could not accept the request: {exc}")
+            if refusal is not None:
                 self.open.pop(request_id, None)
-                sender.send(pb.error_response(str(exc)), flags=pb.final_flag())
+                sender.send(refusal, flags=pb.final_flag())
         return None
+
+    def _admit(self, request, sender, request_id: str):
+        """Parse and queue one request; return the response that refuses it, or None."""
+        req = pb.read_request(request)
+        if self.shutting_down:
+            return pb.unavailable_response(UNLOADING)
+        if self.engine.num_waiting >= self.max_queue_size:
+            return pb.unavailable_response(
+                f"llm_inflight queue is full ({self.max_queue_size} waiting requests); retry later")
+        self.open[request_id] = OpenRequest(request_id, req, sender, request)
+        self.engine.add_request(req.prompt, req.params, self.outbox.put, request_id)
+        return None
+
+    def _shut_down(self) -> None:
+        """SIGTERM: refuse what waits, let what runs finish within the grace period, end the rest."""
+        log.warning("llm_inflight: SIGTERM; ending %d open requests within %.0f s", len(self.open), self.shutdown_grace_s)
+        self.shutting_down = True
+        self.engine.abort_all(waiting_only=True)
+        deadline = time.monotonic() + self.shutdown_grace_s
+        while self.open and time.monotonic() < deadline:
+            time.sleep(CANCEL_POLL_S)
+        self.engine.abort_all()
 
     def _send_loop(self) -> None:
         next_poll = 0.0
@@ -87,7 +111,7 @@ class InflightModel:
                 log.exception("llm_inflight: sending a response failed")
             try:
                 if self.outbox.empty():  # a step's outputs are all sent
-                    self.metrics.update_gauges()
+                    self.metrics.update_gauges(len(self.open))
                     if time.monotonic() >= next_poll:  # each poll is a call per request into the server
                         self._poll_cancelled()
                         next_poll = time.monotonic() + CANCEL_POLL_S
@@ -103,9 +127,11 @@ class InflightModel:
         if out.finish_reason == "abort" and self._cancelled(state):
             self._close(state, None)
             return
-        if out.error or out.finish_reason == "abort":
-            reason = out.error or "llm_inflight is unloading; the request was not finished"
-            self._close(state, pb.unavailable_response(reason) if not out.error else pb.error_response(reason))
+        if out.error:  # the model failed on this request (engine/llm_engine.py)
+            self._close(state, pb.internal_error_response(out.error))
+            return
+        if out.finish_reason == "abort":  # shutting down
+            self._close(state, pb.unavailable_response(UNLOADING))
             return
         if state.req.stream:
             if out.text or out.token_ids or out.finished:
@@ -150,4 +176,4 @@ class InflightModel:
         self.sender_thread.join(timeout=10)
         for state in list(self.open.values()):
             if not state.closed:
-                self._close(state, pb.unavailable_response("llm_inflight is unloading"))
+                self._close(state, pb.unavailable_response(UNLOADING))

@@ -45,6 +45,14 @@ class InflightMetrics:
         self.seen = {name: 0 for name in self.counters}
         self.running = self._metric("tritonllm_num_requests_running", "Sequences in the running batch", Family.GAUGE, labels)
         self.waiting = self._metric("tritonllm_num_requests_waiting", "Requests waiting for a slot", Family.GAUGE, labels)
+        self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
+                                 "response (running, waiting or being sent)", Family.GAUGE, labels)
+        self.finished_family = pb_utils.MetricFamily(name="tritonllm_request_finished_total", kind=Family.COUNTER,
+                                                     description="Requests finished, by finish_reason "
+                                                                 "(stop, length, abort: cancelled or shut down, error)")
+        self.families.append(self.finished_family)
+        self.finished = {}  # finish_reason -> counter, made when first seen
+        self.labels = labels
         self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache slots in use (0-1)", Family.GAUGE, labels)
         self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
                                         "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
@@ -64,7 +72,7 @@ class InflightMetrics:
             return None
         return self._metric(name, description, pb_utils.MetricFamily.HISTOGRAM, labels, buckets=buckets)
 
-    def update_gauges(self) -> None:
+    def update_gauges(self, num_open: int) -> None:
         stats = self.engine.stats
         for name, counter in self.counters.items():
             value = getattr(stats, name)
@@ -74,10 +82,15 @@ class InflightMetrics:
         running = self.engine.num_running
         self.running.set(running)
         self.waiting.set(self.engine.num_waiting)
+        self.open.set(num_open)
         self.kv_usage.set(running / self.engine.config.max_num_seqs)
         self.utilisation.set(stats.slot_utilisation)
 
     def observe_finished(self, out: RequestOutput) -> None:
+        reason = out.finish_reason or "unknown"
+        if reason not in self.finished:
+            self.finished[reason] = self.finished_family.Metric(labels={**self.labels, "finish_reason": reason})
+        self.finished[reason].increment(1)
         if self.ttft is None or out.first_token_time is None:
             return
         last = out.token_times[-1] if out.token_times else out.first_token_time

@@ -78,5 +78,10 @@ def unavailable_response(message: str):
     return error_response(message, pb_utils.TritonError.UNAVAILABLE)
 
 
-__all__ = ["RequestError", "engine_config", "error_response", "model_parameters", "output_response",
+def internal_error_response(message: str):
+    """The model failed on the request (not the client's fault)."""
+    return error_response(message, pb_utils.TritonError.INTERNAL)
+
+
+__all__ = ["RequestError", "engine_config", "error_response", "internal_error_response", "model_parameters", "output_response",
            "read_request", "unavailable_response", "pb_utils"]
