@@ -22,7 +22,7 @@ from tritonllm.engine.sequence import RequestOutput
 from tritonllm.models import load_model
 from tritonllm.triton import pb
 from tritonllm.triton.metrics import InflightMetrics
-from tritonllm.triton.request import GenerateRequest, RequestError
+from tritonllm.triton.request import GenerateRequest
 from tritonllm.triton.termination import on_termination
 
 log = logging.getLogger(__name__)
