@@ -35,6 +35,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from tritonllm_loadtest.metrics_scraper import MetricsScraper
+from tritonllm_loadtest.progress import Progress
 from tritonllm_loadtest.report import build_report
 from tritonllm_loadtest.summary import RunInfo, summarize_run_dir
 from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS, Workload, load_prompts
@@ -111,6 +112,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     o.add_argument("--out", type=Path, default=None, help="results directory (default results/<timestamp>)")
     o.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between metric scrapes")
     o.add_argument("--max-error-rate", type=float, default=0.01, help="exit 1 above this error rate (0-1)")
+    o.add_argument("--quiet", action="store_true", help="no progress lines while a run goes")
+    o.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     o.add_argument("--slo-ttft", type=float, default=2.0, help="goodput SLO on TTFT (s)")
     o.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO on TPOT (s)")
     args = p.parse_args(argv)
@@ -319,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"≤{args.run_time:g} s)")
                 info.started = time.time()
                 scrape = scheme in SCHEMES  # Triton's metrics say nothing about another server
-                with MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape \
-                        else contextlib.nullcontext():
+                with (MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape
+                      else contextlib.nullcontext()), \
+                        (Progress(run_dir / "samples.jsonl", name, args.max_requests, args.progress_interval, log)
+                         if not args.quiet else contextlib.nullcontext()):
                     info.locust_rc = run_locust(cmd, run_dir, args.run_time + 90)
                 info.ended = time.time()
                 info.save(run_dir)

@@ -168,24 +168,25 @@ def plot_itl(runs: list[Run], path: Path) -> Path:
 
 
 def plot_utilisation(runs: list[Run], path: Path) -> Path | None:
-    inflight = [r for r in runs if r.scrapes and slot_utilisation(r.scrapes, r.info.model)]
-    if not inflight:
+    measured = [r for r in runs if r.scrapes and slot_utilisation(r.scrapes, r.info.model)]
+    if not measured:
         return None
     fig, ax = plt.subplots(figsize=(9, 4.2))
     ax2 = ax.twinx()
-    for run in inflight:
+    for run in measured:
         points = slot_utilisation(run.scrapes, run.info.model)
         t0 = run.info.started or points[0].time
         xs = [p.time - t0 for p in points]
         ax.plot(xs, [p.utilisation if p.utilisation is not None else np.nan for p in points], marker=".",
                 label=f"{run.label}: slot utilisation")
-        ax2.plot(xs, [p.running for p in points], linestyle="--", alpha=0.6, label=f"{run.label}: running")
-        ax2.plot(xs, [p.waiting for p in points], linestyle=":", alpha=0.6, label=f"{run.label}: waiting")
+        if any(p.running is not None for p in points):  # the in-flight engine's gauges
+            ax2.plot(xs, [p.running for p in points], linestyle="--", alpha=0.6, label=f"{run.label}: running")
+            ax2.plot(xs, [p.waiting for p in points], linestyle=":", alpha=0.6, label=f"{run.label}: waiting")
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("tokens / (slots × steps) per scrape interval")
     ax2.set_ylabel("requests")
-    ax.set_title("In-flight engine: slot utilisation over time")
+    ax.set_title("Slot utilisation over time (batching models: counted when a batch ends)")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower center", fontsize=8)
@@ -260,7 +261,7 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
         ("Time to first token (CDF)", plot_cdfs(runs, plots_dir / "ttft_cdf.png", "ttft")),
         ("End-to-end latency (CDF)", plot_cdfs(runs, plots_dir / "e2e_cdf.png", "e2e")),
         ("Inter-token latency and per-token latency", plot_itl(runs, plots_dir / "itl.png")),
-        ("Slot utilisation over time (in-flight engine, from Triton's metrics)",
+        ("Slot utilisation over time (from each model's metrics)",
          plot_utilisation(runs, plots_dir / "slot_utilisation.png")),
         ("End-to-end latency against output length", plot_hostage(runs, plots_dir / "e2e_vs_tokens.png")),
     ]
@@ -273,7 +274,8 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
            "output tokens of finished requests / (last end − first start). `dynamic` and `static` answer once "
            "at the end, so their TTFT equals their end-to-end latency and they have no ITL. Goodput counts "
            f"requests with TTFT ≤ {slo_ttft_s:g} s and TPOT ≤ {slo_tpot_s:g} s. Slot utilisation = "
-           "Δgeneration tokens / Δ(slots × steps) from `llm_inflight`'s metrics; Triton batch = "
+           "Δgeneration tokens / Δ(slots × steps) from each model's metrics; 1 − it is the share of computed "
+           "rows that was waste (padding rows of finished requests, idle slots). Triton batch = "
            "Δnv_inference_count / Δnv_inference_exec_count (average batch the batchers formed).", "",
            "## In-flight against the request-level batchers", "", *_ratio_table(summaries), "",
            "Ratios are in-flight ÷ baseline: above 1 is better for tokens/s and req/s, below 1 is better "

@@ -95,7 +95,7 @@ class RunSummary:
     goodput_rps: float | None  # finished requests/s that met both SLOs
     slo_ttft_s: float
     slo_tpot_s: float
-    slot_utilisation: float | None  # in-flight engine: d(tokens) / d(slot steps) over the run
+    slot_utilisation: float | None  # d(tokens) / d(slot steps) over the run; 1 - it is the waste share
     triton_batch_size: float | None  # Triton's d(inference_count) / d(exec_count) over the run
     top_errors: list[tuple[str, int]] = field(default_factory=list)
 
@@ -126,7 +126,7 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
             utilisation = d_tokens / d_slots
         d_count = delta(scrapes, series("nv_inference_count", model=info.model, version="1"))
         d_exec = delta(scrapes, series("nv_inference_exec_count", model=info.model, version="1"))
-        if d_count is not None and d_exec and utilisation is None:  # the in-flight engine batches by itself
+        if d_count is not None and d_exec and info.scheme != "inflight":  # the in-flight engine batches by itself
             batch = d_count / d_exec
     return RunSummary(
         name=info.name, scheme=info.scheme, model=info.model, protocol=info.protocol,

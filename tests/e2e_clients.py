@@ -44,7 +44,7 @@ def _tensor(module, name: str, value, batched: bool):
     else:
         array, dtype = np.array([value], dtype=np.float32), "FP32"
     if batched:
-        array = array.reshape(1, 1)
+        array = array.reshape(1, -1)
     tensor = module.InferInput(name, list(array.shape), dtype)
     tensor.set_data_from_numpy(array)
     return tensor

@@ -430,3 +430,19 @@ def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_pa
     indexes = {s: sorted((x.index, x.expected_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
                for s in runs}
     assert indexes["inflight"] == indexes["other-server"]  # the same requests
+
+
+def test_progress_counts_samples_as_they_are_written(tmp_path):
+    from tritonllm_loadtest.progress import Progress
+
+    path = tmp_path / "samples.jsonl"
+    progress = Progress(path, "inflight-c8", total=4, clock=lambda: 110.0)
+    assert progress.line() == "inflight-c8: 0/4 requests done, - output tok/s so far, 0 errors"  # no file yet
+    with open(path, "w") as f:
+        f.write('{"start": 100.0, "output_tokens": 30, "error": null}\n'
+                '{"start": 101.0, "output_tokens": 5, "error": "boom"}\n'
+                '{"start": 102.0, "output_tok')  # a line still being written
+    assert progress.line() == "inflight-c8: 2/4 requests done, 3 output tok/s so far, 1 errors"
+    with open(path, "a") as f:
+        f.write('ens": 70, "error": null}\n')
+    assert progress.line() == "inflight-c8: 3/4 requests done, 10 output tok/s so far, 1 errors"

@@ -314,6 +314,7 @@ BAD = {
     "unknown_input": ({"text_input": "Hi", "no_such_input": "x"}, "no_such_input"),
     # Refused by Triton itself, before the model: inputs of the wrong datatype
     "text_input_as_int32": ({"text_input": np.array([5], dtype=np.int32)}, "text_input"),
+    "text_input_of_two_strings": ({"text_input": np.array([b"Hi", b"there"], dtype=np.object_)}, "text_input"),
     "max_tokens_as_fp32": ({"text_input": "Hi", "max_tokens": np.array([4.0], dtype=np.float32)}, "max_tokens"),
 }
 GOOD = {"text_input": "Hi", "sampling_parameters": {**GREEDY, "max_tokens": 3}}
@@ -523,3 +524,19 @@ def test_every_model_reports_the_dtype_it_runs(triton_server):
     from tritonllm.server.launcher import model_runs
 
     assert model_runs(triton_server.metrics_url) == {m: "float32 on cpu" for m in ("llm_inflight", *BATCHED)}
+
+
+def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
+    """The waste counters, the same for all three models: a lone 5-token request is 5 tokens in 5
+    sampling steps that offered 8 slots each, so 35 of its 40 slot-steps were idle."""
+    slots = 8
+    for model in ("llm_inflight", *BATCHED):
+        tokens0 = metric(triton_server, "tritonllm_generation_tokens_total", model)
+        steps0 = metric(triton_server, "tritonllm_slot_steps_total", model)
+        response = generate(triton_server, model, text_input="Hi", max_tokens=5, ignore_eos=True)
+        assert response.status_code == 200, response.text
+        tokens = wait_for_metric(triton_server, "tritonllm_generation_tokens_total", lambda v: v >= tokens0 + 5,
+                                 model=model)
+        steps = wait_for_metric(triton_server, "tritonllm_slot_steps_total", lambda v: v >= steps0 + 5 * slots,
+                                model=model)
+        assert (tokens - tokens0, steps - steps0) == (5, 5 * slots), model

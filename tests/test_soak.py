@@ -18,5 +18,5 @@ def test_a_short_soak_serves_cancels_and_drains(tmp_path):
     assert result["tokens_served"] > 0
     assert not any(result["left_after_drain"].values()), result["left_after_drain"]
     assert result["rss_mb"]["max"] > 100  # tritonserver + the stub, measured
-    assert len(result["samples"]) >= 4
+    assert len(result["samples"]) >= 3  # every 2 s over 8 s, however slow the scrapes
     assert (out / "soak.png").stat().st_size > 0

@@ -15,7 +15,7 @@ from dataclasses import replace
 from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
 from tritonllm.models import load_model
 from tritonllm.triton import pb
-from tritonllm.triton.metrics import export_model_info
+from tritonllm.triton.metrics import EngineCounters
 from tritonllm.triton.request import RequestError
 
 
@@ -27,7 +27,7 @@ class BatchedModel:
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
         config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
         self.engine = LLMEngine(model, tokenizer, config, params.get("quantization"))
-        self.info = export_model_info(self.model_name, self.engine)
+        self.counters = EngineCounters(self.model_name, self.engine)  # the same counters as llm_inflight
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -51,6 +51,7 @@ class BatchedModel:
                 continue
             text = req.prompt + out.text if req.echo_prompt else out.text
             responses[i] = pb.output_response(req, text, out, out.num_output_tokens, batched=True)
+        self.counters.update()
         return responses
 
     def _run_batch(self):

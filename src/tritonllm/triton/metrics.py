@@ -1,8 +1,10 @@
-"""Prometheus metrics of `llm_inflight`, exported through Triton's metrics port (`/metrics`).
+"""Prometheus metrics of our models, exported through Triton's metrics port (`/metrics`).
 
-Updated from the sender thread, never from the engine's stepping thread. Counters follow the
-engine's cumulative stats, so a scraper gets rates (tokens/s) and slot utilisation over any
-window: d(generation_tokens) / d(slot_steps).
+All three models export the engine's counters under the same names (`EngineCounters`), so a
+scraper gets rates (tokens/s) and slot utilisation of every scheme over any window:
+d(generation_tokens) / d(slot_steps); 1 minus that is the share of computed rows that was waste
+(padding rows of finished requests, idle slots). `llm_inflight` adds gauges and latency
+histograms, updated from its sender thread, never from the engine's stepping thread.
 """
 
 from __future__ import annotations
@@ -30,19 +32,42 @@ def export_model_info(model_name: str, engine: LLMEngine) -> list:
     return [family, metric]
 
 
-class InflightMetrics:
+class EngineCounters:
+    """The engine's cumulative stats as counters; the same for every scheme."""
+
     def __init__(self, model_name: str, engine: LLMEngine):
         self.engine = engine
-        self.families = []
+        self.families = []  # a family must outlive its metrics
         Family = pb_utils.MetricFamily  # set by the stub after model.py is imported: look it up here
-        labels = {"model": model_name}
+        self.labels = labels = {"model": model_name}
         self.counters = {  # engine stat name -> counter
             "prompt_tokens": self._metric("tritonllm_prompt_tokens_total", "Prompt tokens prefilled", Family.COUNTER, labels),
             "tokens_generated": self._metric("tritonllm_generation_tokens_total", "Tokens generated", Family.COUNTER, labels),
             "decode_steps": self._metric("tritonllm_steps_total", "Engine steps that generated tokens", Family.COUNTER, labels),
-            "slot_steps": self._metric("tritonllm_slot_steps_total", "Slots x steps: token capacity offered", Family.COUNTER, labels),
+            "slot_steps": self._metric("tritonllm_slot_steps_total", "Slots x steps: token capacity offered "
+                                       "(padding rows and idle slots included)", Family.COUNTER, labels),
         }
         self.seen = {name: 0 for name in self.counters}
+        self.info = export_model_info(model_name, engine)
+
+    def _metric(self, name, description, kind, labels, **options):
+        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+        self.families.append(family)
+        return family.Metric(labels=labels, **options)
+
+    def update(self) -> None:
+        stats = self.engine.stats
+        for name, counter in self.counters.items():
+            value = getattr(stats, name)
+            if value > self.seen[name]:
+                counter.increment(value - self.seen[name])
+                self.seen[name] = value
+
+
+class InflightMetrics(EngineCounters):
+    def __init__(self, model_name: str, engine: LLMEngine):
+        super().__init__(model_name, engine)
+        Family, labels = pb_utils.MetricFamily, self.labels
         self.running = self._metric("tritonllm_num_requests_running", "Sequences in the running batch", Family.GAUGE, labels)
         self.waiting = self._metric("tritonllm_num_requests_waiting", "Requests waiting for a slot", Family.GAUGE, labels)
         self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
@@ -52,7 +77,6 @@ class InflightMetrics:
                                                                  "(stop, length, abort: cancelled or shut down, error)")
         self.families.append(self.finished_family)
         self.finished = {}  # finish_reason -> counter, made when first seen
-        self.labels = labels
         self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache slots in use (0-1)", Family.GAUGE, labels)
         self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
                                         "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
@@ -60,12 +84,6 @@ class InflightMetrics:
         self.tpot = self._histogram("tritonllm_time_per_output_token_seconds", "Time per output token after the first",
                                     labels, TOKEN_GAP_BUCKETS)
         self.e2e = self._histogram("tritonllm_e2e_request_latency_seconds", "Arrival to last token", labels, LATENCY_BUCKETS)
-        self.info = export_model_info(model_name, engine)
-
-    def _metric(self, name, description, kind, labels, **options):
-        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
-        self.families.append(family)  # a family must outlive its metrics
-        return family.Metric(labels=labels, **options)
 
     def _histogram(self, name, description, labels, buckets):
         if not hasattr(pb_utils.MetricFamily, "HISTOGRAM"):  # Triton before 24.07
@@ -73,12 +91,8 @@ class InflightMetrics:
         return self._metric(name, description, pb_utils.MetricFamily.HISTOGRAM, labels, buckets=buckets)
 
     def update_gauges(self, num_open: int) -> None:
+        self.update()
         stats = self.engine.stats
-        for name, counter in self.counters.items():
-            value = getattr(stats, name)
-            if value > self.seen[name]:
-                counter.increment(value - self.seen[name])
-                self.seen[name] = value
         running = self.engine.num_running
         self.running.set(running)
         self.waiting.set(self.engine.num_waiting)
