@@ -10,11 +10,13 @@ held by the test-only fault `[[hold:N]]`, a failing forward is the fault `[[fail
 from __future__ import annotations
 
 import os
+import queue
 import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -312,22 +314,23 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _launcher(tmp_path, *args) -> tuple[subprocess.Popen, SimpleNamespace]:
+    """`tritonllm-server` in a subprocess; returns once it printed its banner (it watches the stubs then)."""
     http, grpc, metrics = find_free_ports(3)
     cmd = [sys.executable, "-m", "tritonllm.server.launcher", "--http-port", str(http), "--grpc-port", str(grpc),
            "--metrics-port", str(metrics), "--log-file", str(tmp_path / "server.log"), *args]
-    proc = subprocess.Popen(cmd, env={**os.environ, **TEST_SERVER_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(cmd, env={**os.environ, **TEST_SERVER_ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     target = SimpleNamespace(http_url=f"127.0.0.1:{http}", grpc_url=f"127.0.0.1:{grpc}",
                              metrics_url=f"http://127.0.0.1:{metrics}/metrics")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if requests.get(f"http://{target.http_url}/v2/health/ready", timeout=2).status_code == 200:
-                return proc, target
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
+    banner = queue.Queue()
+    threading.Thread(target=lambda: banner.put(next((line for line in proc.stdout if "Triton ready" in line), None)),
+                     daemon=True).start()
+    try:
+        if banner.get(timeout=180) is not None:
+            return proc, target
+    except queue.Empty:
+        pass
+    os.killpg(proc.pid, signal.SIGKILL)
     raise AssertionError(f"the launcher did not get ready: {proc.communicate()[1][-2000:]}")
 
 

@@ -268,31 +268,34 @@ class TritonServer:
             raise
         if problem is None:
             self.ready_seconds = time.monotonic() - t0
-            self.stubs = self._find_stubs()
+            self._scan_stubs()
             return self
         self.stop()
         raise ServerStartError(self._failure_message(problem))
 
-    def _find_stubs(self) -> dict[int, str]:
-        """pid -> model name of the running Python-backend stubs in the server's process group (a
-        process between fork and exec, or a zombie, has an empty command line and is left out)."""
-        stubs = {}
+    def _scan_stubs(self) -> None:
+        """Remember the Python-backend stubs in the server's process group: pid -> model name.
+
+        Called once the server is ready (while models load, a short-lived stub answers Triton's
+        config auto-completion, then exits), and again at every check."""
         for pid in group_pids(self.process.pid):
+            if pid in self.stubs:
+                continue
             try:
+                if not os.readlink(f"/proc/{pid}/exe").endswith("triton_python_backend_stub"):
+                    continue
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:  # gone meanwhile
                 continue
-            if args[0].endswith("triton_python_backend_stub") and len(args) > 1:
-                stubs[pid] = Path(args[1]).parent.parent.name  # <model>/<version>/model.py
-        return stubs
+            if len(args) > 1:  # empty while a process execs or exits: not a serving stub
+                self.stubs[pid] = Path(args[1]).parent.parent.name  # <repository>/<model>/<version>/model.py
 
     def dead_stubs(self) -> list[str]:
-        """Models whose stub, once seen running, has died. Triton (2.51) neither restarts the stub of
-        a decoupled model nor marks the model unready: its open requests hang and new ones fail with
+        """Models whose stub, once seen, has died. Triton (2.51) neither restarts the stub of a
+        decoupled model nor marks the model unready: its open requests hang and new ones fail with
         "Stub process ... is not healthy"."""
-        running = self._find_stubs()
-        self.stubs.update(running)
-        return sorted({name for pid, name in self.stubs.items() if pid not in running})
+        self._scan_stubs()
+        return sorted({name for pid, name in self.stubs.items() if not _running(pid)})
 
     def _wait_ready(self, t0: float) -> str | None:
         """Poll readiness; return None once ready, else what went wrong."""
@@ -380,6 +383,15 @@ def group_pids(pgid: int) -> list[int]:
             except OSError:  # gone meanwhile
                 continue
     return pids
+
+
+def _running(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a killed child stays one until reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def repository_index(server: TritonServer) -> list[dict]:
