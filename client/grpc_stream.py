@@ -46,6 +46,7 @@ class GrpcSession:
         self.client = grpcclient.InferenceServerClient(self.url)
         self._stream_queue: queue.Queue | None = None  # set while a stream is open
         self._pending = None  # the unary call in flight
+        self._streaming = False  # a request is in flight on the stream
         self._ids = itertools.count(1)
 
     # --- what the server has ------------------------------------------------------------------
@@ -105,6 +106,7 @@ class GrpcSession:
         inputs = _infer_inputs(info, request_inputs(prompt, sampling, stream=True))
         done = False
         try:
+            self._streaming = True
             self.client.async_stream_infer(info.name, inputs, request_id=request_id,
                                            enable_empty_final_response=True)
             while True:
@@ -130,6 +132,7 @@ class GrpcSession:
         finally:
             if not done:
                 self.cancel()
+            self._streaming = False
 
     def _unary(self, info: ModelInfo, prompt: str, sampling: dict) -> Iterator[Chunk]:
         responses: queue.Queue = queue.Queue()
@@ -162,8 +165,8 @@ class GrpcSession:
             self.client.stop_stream(cancel_requests=cancel)
 
     def close(self) -> None:
-        try:
-            self._close_stream(cancel=True)
+        try:  # cancel only what is in flight: cancelling an idle stream keeps Triton 2.51 from unloading the model
+            self._close_stream(cancel=self._streaming)
         finally:
             self.client.close()
 

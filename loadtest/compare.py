@@ -1,7 +1,9 @@
 """`tritonllm-compare`: the same workload against llm_inflight, llm_dynamic and llm_static, one
 after the other on one server, then a side-by-side report.
 
-    tritonllm-compare                       # bundled SmolLM2, concurrency 8, ~4-9 min on 2 CPU cores
+    tritonllm-compare                       # bundled SmolLM2: closed loop at 8 users + open-loop sweep, ~8 min
+    tritonllm-compare --quick               # only the closed-loop point, ~3 min
+    tritonllm-compare --sweep-points 7 --point-time 30                 # a finer, longer sweep
     tritonllm-compare --model tiny --max-requests 24 --run-time 30     # a quick look
     tritonllm-compare --url triton.example:8000 --grpc-url triton.example:8001 \
         --metrics-url http://triton.example:8002/metrics --server never
@@ -10,11 +12,20 @@ after the other on one server, then a side-by-side report.
 An OpenAI-compatible server (llama.cpp's llama-server, vLLM, TGI) given with --openai-url gets the
 same requests over streaming /v1/completions and becomes one more row of the report.
 
+Two kinds of load, each scheme in turn at each load:
+- the closed-loop point (--concurrency users, each sending its next request when the last ends),
+  which saturates the slots and measures each scheme's throughput;
+- an open-loop sweep (--rates): Poisson arrivals at several rates, the same seeded arrival times
+  and requests for every scheme at a rate, bounded by count and time per point. `auto` sets the
+  rates from the closed-loop point's best req/s (the saturation probe), from 0.1x to 1.3x.
+
 Starts a local Triton (the repository's model_repository/) when none answers at --url, runs
-headless Locust in a subprocess per scheme (bounded by --run-time and --max-requests), scrapes
-Triton's metrics meanwhile, and writes everything under --out (default results/<timestamp>/):
-runs/<scheme>-c<N>/ (Locust CSV + HTML + log, samples.jsonl, metrics.jsonl, run.json),
-report.md, plots/*.png, summary.json. Exits 1 when the error rate passes --max-error-rate.
+headless Locust in a subprocess per point, scrapes Triton's metrics meanwhile, and writes
+everything under --out (default results/<timestamp>/): runs/<scheme>-c<N>/ and
+runs/<scheme>-r<rate>/ (Locust CSV + HTML + log, samples.jsonl, metrics.jsonl, run.json),
+settings.json, report.md, plots/*.png, summary.json. Exits 1 when the error rate of the
+closed-loop point passes --max-error-rate (past saturation the sweep's points may fail requests
+by design: bounded queues refuse them).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -31,13 +43,16 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tritonllm_loadtest.arrivals import ArrivalSchedule
 from tritonllm_loadtest.metrics_scraper import MetricsScraper
 from tritonllm_loadtest.progress import Progress
-from tritonllm_loadtest.report import build_report
-from tritonllm_loadtest.summary import RunInfo, summarize_run_dir
+from tritonllm_loadtest.report import ReportSettings, build_report
+from tritonllm_loadtest.summary import RunInfo, RunSummary, summarize_run_dir
+from tritonllm_loadtest.sweep import SLO_SLACK, auto_rates, point_requests
 from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS, Workload, load_prompts
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -93,11 +108,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--schemes", default="inflight,dynamic,static", help="comma-separated, run in this order")
     w.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc: streaming for inflight, infer for the others; http: generate_stream (SSE) / infer")
-    w.add_argument("--concurrency", default="8", help="closed-loop users; comma-separated for a sweep")
-    w.add_argument("--arrival-rate", type=float, default=0.0,
-                   help="Poisson arrivals (req/s) instead of a closed loop; --concurrency is then the user cap")
-    w.add_argument("--max-requests", type=int, default=48, help="requests per run (the same ones for every scheme)")
-    w.add_argument("--run-time", type=float, default=170.0, help="time bound per run (s); cuts the run short")
+    w.add_argument("--concurrency", default="8",
+                   help="closed-loop users; comma-separated for a concurrency sweep; 'none' for no closed loop")
+    w.add_argument("--max-requests", type=int, default=48,
+                   help="requests per closed-loop run (the same ones for every scheme)")
+    w.add_argument("--run-time", type=float, default=170.0, help="time bound per closed-loop run (s)")
+    s = p.add_argument_group("open-loop sweep")
+    s.add_argument("--rates", default="auto",
+                   help="'auto' (from the closed-loop point's best req/s), 'none', or comma-separated req/s")
+    s.add_argument("--quick", action="store_true", help="only the closed-loop point (same as --rates none)")
+    s.add_argument("--sweep-points", type=int, default=4, help="rates of an auto sweep, 0.1x to 1.3x saturation")
+    s.add_argument("--point-time", type=float, default=12.0,
+                   help="seconds of arrivals per point (requests = rate x this, at least --point-min-requests)")
+    s.add_argument("--point-min-requests", type=int, default=8)
+    s.add_argument("--drain-time", type=float, default=20.0,
+                   help="seconds a point may run past its last arrival; requests still open then are cut off")
+    s.add_argument("--max-users", type=int, default=96,
+                   help="open loop: most requests in flight at once (an arrival finding all busy is late)")
+    s.add_argument("--slo-normalized", type=float, default=None,
+                   help="SLO on mean end-to-end / output tokens (s per token); default: "
+                        f"{SLO_SLACK:g}x the worst scheme's at the lowest rate")
+    s.add_argument("--slo-e2e-p90", type=float, default=None,
+                   help=f"SLO on p90 end-to-end latency (s); default: {SLO_SLACK:g}x the worst scheme's at the lowest rate")
     w.add_argument("--output-tokens", default=DEFAULT_OUTPUT_TOKENS,
                    help="fixed:N | uniform:A:B | exp:MEAN:CAP[:MIN] (forced with max_tokens + ignore_eos)")
     w.add_argument("--prompt-words", default=DEFAULT_PROMPT_WORDS, help="'dataset' or a distribution as above")
@@ -116,6 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     o.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress lines")
     o.add_argument("--slo-ttft", type=float, default=2.0, help="goodput SLO on TTFT (s)")
     o.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO on TPOT (s)")
+    o.add_argument("--price-per-hour", type=float, default=None,
+                   help="what the machine costs per hour: the report adds cost per million output tokens")
     args = p.parse_args(argv)
     args.schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
     unknown = [s for s in args.schemes if s not in SCHEMES]
@@ -127,13 +161,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.openai_url = args.openai_url if "://" in args.openai_url else f"http://{args.openai_url}"
         args.schemes.append(args.openai_name)
     try:
-        args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        args.concurrency = ([] if args.concurrency.strip().lower() == "none"
+                            else [int(c) for c in args.concurrency.split(",") if c.strip()])
     except ValueError:
-        p.error("--concurrency takes comma-separated integers")
-    if not args.concurrency or min(args.concurrency) < 1:
+        p.error("--concurrency takes comma-separated integers or 'none'")
+    if args.concurrency and min(args.concurrency) < 1:
         p.error("--concurrency must be >= 1")
     if args.max_requests < 0 or args.run_time <= 0:
         p.error("--max-requests must be >= 0 and --run-time > 0")
+    rates = "none" if args.quick else args.rates.strip().lower()
+    if rates in ("auto", "none"):
+        args.rates = rates
+    else:
+        try:
+            args.rates = sorted({float(r) for r in rates.split(",") if r.strip()})
+        except ValueError:
+            p.error("--rates takes 'auto', 'none' or comma-separated req/s")
+        if not args.rates or args.rates[0] <= 0:
+            p.error("--rates must be > 0")
+    if args.rates == "auto" and not args.concurrency:
+        p.error("--rates auto sets the rates from the closed-loop point: give --concurrency, or the rates")
+    if args.rates == "none" and not args.concurrency:
+        p.error("nothing to run: --concurrency none and --rates none")
+    if args.sweep_points < 1 or args.point_time <= 0 or args.drain_time <= 0 or args.point_min_requests < 1:
+        p.error("--sweep-points, --point-time, --drain-time and --point-min-requests must be > 0")
+    if args.max_users < 1:
+        p.error("--max-users must be >= 1")
     return args
 
 
@@ -156,6 +209,10 @@ class Target:
 
     def ready(self) -> bool:
         return http_ok(f"{self.base}/v2/health/ready")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time of the server's processes so far, when this command started the server."""
+        return self.server.cpu_seconds() if self.server is not None else None
 
     def __enter__(self) -> "Target":
         args = self.args
@@ -234,7 +291,35 @@ def scheme_model(args, scheme: str) -> str:
     return SCHEMES.get(scheme) or args.openai_model or args.openai_name
 
 
-def locust_command(args, target: Target, scheme: str, users: int, run_dir: Path) -> tuple[list[str], str]:
+@dataclass(frozen=True)
+class Point:
+    """One load for every scheme: closed loop (`users` busy users) or open loop (Poisson `rate`)."""
+
+    users: int
+    requests: int
+    run_time: float
+    rate: float = 0.0
+
+    def name(self, scheme: str) -> str:
+        return f"{scheme}-r{self.rate:g}" if self.rate else f"{scheme}-c{self.users}"
+
+
+def closed_loop_points(args) -> list[Point]:
+    return [Point(users, args.max_requests, args.run_time) for users in args.concurrency]
+
+
+def open_loop_points(args, rates: list[float]) -> list[Point]:
+    """Each rate's first n seeded arrivals, n = rate x --point-time (at least --point-min-requests); the
+    point may run --drain-time past its last arrival."""
+    points = []
+    for rate in rates:
+        n = point_requests(rate, args.point_time, args.point_min_requests)
+        last_arrival = ArrivalSchedule(rate, args.seed).at(n - 1)
+        points.append(Point(args.max_users, n, math.ceil(last_arrival + args.drain_time), rate))
+    return points
+
+
+def locust_command(args, target: Target, scheme: str, point: Point, run_dir: Path) -> tuple[list[str], str]:
     if scheme in SCHEMES:
         user_class = USER_CLASSES[(scheme == "inflight", args.protocol)]
         where = ["--host", target.base, "--grpc-url", target.grpc, "--triton-model", SCHEMES[scheme]]
@@ -242,13 +327,13 @@ def locust_command(args, target: Target, scheme: str, users: int, run_dir: Path)
         user_class = "OpenAIStreamUser"
         where = ["--host", args.openai_url] + (["--openai-model", args.openai_model] if args.openai_model else [])
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-           "-u", str(users), "-r", str(users), "-t", f"{int(round(args.run_time))}s", *where,
+           "-u", str(point.users), "-r", str(point.users), "-t", f"{int(round(point.run_time))}s", *where,
            "--csv", str(run_dir / "locust"), "--html", str(run_dir / "locust.html"),
            "--logfile", str(run_dir / "locust.log"), "--only-summary",
-           "--samples-file", str(run_dir / "samples.jsonl"), "--max-requests", str(args.max_requests),
+           "--samples-file", str(run_dir / "samples.jsonl"), "--max-requests", str(point.requests),
            "--output-tokens", args.output_tokens, "--prompt-words", args.prompt_words,
            "--workload-seed", str(args.seed), "--temperature", str(args.temperature),
-           "--arrival-rate", str(args.arrival_rate)]
+           "--arrival-rate", str(point.rate)]
     if args.prompts_file:
         cmd += ["--prompts-file", str(Path(args.prompts_file).resolve())]
     if args.processes:
@@ -285,6 +370,70 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+class Comparison:
+    """Runs points against the schemes and keeps their summaries."""
+
+    def __init__(self, args, target: Target, workload: Workload, out: Path):
+        self.args, self.target, self.workload, self.out = args, target, workload, out
+        self.summaries: list[RunSummary] = []
+        self.warm: set[str] = set()
+
+    def run(self, point: Point) -> list[RunSummary]:
+        return [self.run_one(scheme, point) for scheme in self.args.schemes]
+
+    def run_one(self, scheme: str, point: Point) -> RunSummary:
+        args, target = self.args, self.target
+        name = point.name(scheme)
+        run_dir = self.out / "runs" / name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if scheme not in self.warm:  # once per scheme: later points find the model warm
+            problem = warm_up_scheme(args, target, scheme)
+            if problem:
+                log(f"{name}: warm-up failed ({problem}); running anyway")
+            self.warm.add(scheme)
+        cmd, user_class = locust_command(args, target, scheme, point, run_dir)
+        info = RunInfo(name=name, scheme=scheme, model=scheme_model(args, scheme), user_class=user_class,
+                       protocol=user_class_protocol(user_class), concurrency=point.users, arrival_rate=point.rate,
+                       max_requests=point.requests, run_time_s=point.run_time, workload=self.workload.describe(),
+                       command=cmd)
+        load = f"Poisson {point.rate:g} req/s, ≤{point.users} in flight" if point.rate else f"{point.users} users"
+        log(f"{name}: {load}, {user_class} -> {info.model} (≤{point.requests or '∞'} requests, "
+            f"≤{point.run_time:g} s)")
+        scrape = scheme in SCHEMES  # Triton's metrics say nothing about another server
+        cpu_before = target.cpu_seconds() if scrape else None
+        info.started = time.time()
+        with (MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape
+              else contextlib.nullcontext()), \
+                (Progress(run_dir / "samples.jsonl", name, point.requests, args.progress_interval, log)
+                 if not args.quiet else contextlib.nullcontext()):
+            info.locust_rc = run_locust(cmd, run_dir, point.run_time + 90)
+        info.ended = time.time()
+        if cpu_before is not None:
+            info.server_cpu_s = target.cpu_seconds() - cpu_before
+        info.save(run_dir)
+        _, _, _, s = summarize_run_dir(run_dir, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
+        log(f"{name}: {s.finished} finished, {s.errors} errors, {s.interrupted} cut off, "
+            f"{_num(s.tokens_per_s)} output tok/s, TTFT p50 {_num(s.ttft_p50)} s, "
+            f"e2e p90 {_num(s.e2e_p90)} s in {info.ended - info.started:.0f} s (locust rc {info.locust_rc})")
+        self.summaries.append(s)
+        return s
+
+
+def sweep_rates(args, closed: list[RunSummary]) -> list[float]:
+    if args.rates != "auto":
+        return args.rates
+    top = max(args.concurrency)
+    best = max((s.requests_per_s or 0.0 for s in closed if s.concurrency == top), default=0.0)
+    if best <= 0:
+        log("the closed-loop point answered no request: no saturation throughput to set the sweep's rates from; "
+            "no sweep (give --rates to run one anyway)")
+        return []
+    rates = auto_rates(best, args.sweep_points)
+    log(f"saturation probe: best closed-loop throughput {best:.3g} req/s at {top} users -> rates "
+        f"{', '.join(f'{r:g}' for r in rates)} req/s")
+    return rates
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workload = Workload(load_prompts(args.prompts_file or None), args.output_tokens, args.prompt_words,
@@ -295,8 +444,6 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     log(f"results -> {out}")
     log(f"workload: {workload.describe()}")
-    total_errors = total_finished = 0
-    empty_runs = []
     with Target(args, out) as target:
         check_models(target, [SCHEMES[s] for s in args.schemes if s in SCHEMES])
         from tritonllm.server.launcher import model_runs
@@ -304,48 +451,34 @@ def main(argv: list[str] | None = None) -> int:
         runs = model_runs(target.metrics)
         target.note += " Models run: " + (", ".join(f"{m} in {r}" for m, r in sorted(runs.items())) or "unknown") + "."
         log(target.note)
-        for users in args.concurrency:
-            for scheme in args.schemes:
-                model = scheme_model(args, scheme)
-                name = f"{scheme}-c{users}" if not args.arrival_rate else f"{scheme}-r{args.arrival_rate:g}-c{users}"
-                run_dir = out / "runs" / name
-                run_dir.mkdir(parents=True, exist_ok=True)
-                problem = warm_up_scheme(args, target, scheme)
-                if problem:
-                    log(f"{name}: warm-up failed ({problem}); running anyway")
-                cmd, user_class = locust_command(args, target, scheme, users, run_dir)
-                info = RunInfo(name=name, scheme=scheme, model=model, user_class=user_class,
-                               protocol=user_class_protocol(user_class), concurrency=users,
-                               arrival_rate=args.arrival_rate, max_requests=args.max_requests,
-                               run_time_s=args.run_time, workload=workload.describe(), command=cmd)
-                log(f"{name}: {users} users, {user_class} -> {model} (≤{args.max_requests or '∞'} requests, "
-                    f"≤{args.run_time:g} s)")
-                info.started = time.time()
-                scrape = scheme in SCHEMES  # Triton's metrics say nothing about another server
-                with (MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape
-                      else contextlib.nullcontext()), \
-                        (Progress(run_dir / "samples.jsonl", name, args.max_requests, args.progress_interval, log)
-                         if not args.quiet else contextlib.nullcontext()):
-                    info.locust_rc = run_locust(cmd, run_dir, args.run_time + 90)
-                info.ended = time.time()
-                info.save(run_dir)
-                _, _, _, s = summarize_run_dir(run_dir, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
-                total_errors += s.errors
-                total_finished += s.finished
-                if s.finished == 0:
-                    empty_runs.append(name)
-                log(f"{name}: {s.finished} finished, {s.errors} errors, {s.interrupted} cut off, "
-                    f"{_num(s.tokens_per_s)} output tok/s, TTFT p50 {_num(s.ttft_p50)} s, "
-                    f"e2e p90 {_num(s.e2e_p90)} s in {info.ended - info.started:.0f} s (locust rc {info.locust_rc})")
+        comparison = Comparison(args, target, workload, out)
+        closed = [s for point in closed_loop_points(args) for s in comparison.run(point)]
+        rates = [] if args.rates == "none" else sweep_rates(args, closed)
+        for point in open_loop_points(args, rates):
+            comparison.run(point)
     command = "tritonllm-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    settings = ReportSettings(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
+                              slo_normalized_s=args.slo_normalized, slo_e2e_p90_s=args.slo_e2e_p90,
+                              price_per_hour=args.price_per_hour,
+                              ideal_ratio={users: workload.ideal_inflight_ratio(args.max_requests, users)
+                                           for users in args.concurrency} if args.max_requests else {})
+    settings.save(out)
+    sweep = (f" Open-loop points: {args.point_time:g} s of arrivals (at least {args.point_min_requests} requests), "
+             f"at most {args.drain_time:g} s more to drain, ≤{args.max_users} requests in flight." if rates else "")
     notes = [f"Command: `{command}`", "", target.note, "",
-             f"Each scheme ran with the same requests (seed {args.seed}), at most {args.max_requests or 'unbounded'} "
-             f"requests and {args.run_time:g} s per run, over {args.protocol}; total wall time "
+             f"Each scheme ran with the same requests (seed {args.seed}) over {args.protocol}; closed-loop runs: at "
+             f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s.{sweep} Total wall time "
              f"{time.monotonic() - t_start:.0f} s."]
-    report = build_report(out, notes=notes, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot)
+    report = build_report(out, notes=notes, settings=settings)
     _print_summary(out)
-    rate = total_errors / total_finished if total_finished else 1.0
     log(f"report: {report.resolve()}")
+    # The verdict: the closed-loop point (or, without one, every point) must answer; past saturation the
+    # sweep may see refusals by design.
+    judged = closed or comparison.summaries
+    total_errors = sum(s.errors for s in judged)
+    total_finished = sum(s.finished for s in judged)
+    empty_runs = [s.name for s in judged if s.finished == 0]
+    rate = total_errors / total_finished if total_finished else 1.0
     log(f"done in {time.monotonic() - t_start:.0f} s; error rate {rate:.2%} (threshold {args.max_error_rate:.2%})")
     if empty_runs:
         log(f"FAIL: no finished request in {', '.join(empty_runs)}")
@@ -368,8 +501,13 @@ def _num(value) -> str:
 def _print_summary(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     for r in summary["ratios"]:
-        log(f"in-flight vs {r['baseline']} (c={r['concurrency']}): output tok/s x{_num(r['tokens_per_s'])}, "
+        load = f"{r['arrival_rate']:g} req/s" if r["arrival_rate"] else f"c={r['concurrency']}"
+        log(f"in-flight vs {r['baseline']} ({load}): output tok/s x{_num(r['tokens_per_s'])}, "
             f"median TTFT x{_num(r['ttft_p50'])}, p90 e2e x{_num(r['e2e_p90'])}, req/s x{_num(r['requests_per_s'])}")
+    for scheme, cap in summary["capacity"].items():
+        bound = {"=": "", ">=": "≥ ", "<": "< "}[cap["bound"]]
+        rate = cap["rate"] if cap["rate"] is not None else cap["lowest_rate"]
+        log(f"{scheme}: capacity under the SLO {bound}{rate:.3g} req/s")
 
 
 if __name__ == "__main__":

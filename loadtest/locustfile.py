@@ -29,7 +29,6 @@ import itertools  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
-import random  # noqa: E402
 import time  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
@@ -43,6 +42,7 @@ from locust.runners import WORKER_REPORT_INTERVAL, MasterRunner, WorkerRunner  #
 from locust.stats import CSV_STATS_INTERVAL_SEC  # noqa: E402
 
 from tritonllm_loadtest import protocol, shapes  # noqa: E402  (module, not classes: see shapes.py)
+from tritonllm_loadtest.arrivals import ArrivalSchedule  # noqa: E402
 from tritonllm_loadtest.samples import Measurement, Sample, SampleWriter  # noqa: E402
 from tritonllm_loadtest.workload import (DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS,  # noqa: E402
                                          Workload, load_prompts)
@@ -75,10 +75,11 @@ def _add_arguments(parser):
     g.add_argument("--samples-file", default="samples.jsonl", env_var="LOCUST_SAMPLES_FILE",
                    help="Raw per-request samples (JSON lines; '' disables); written by the master/local runner")
     g.add_argument("--arrival-rate", type=float, default=0.0, env_var="LOCUST_ARRIVAL_RATE",
-                   help="Poisson arrivals at this total rate (req/s) spread over -u users; 0 = closed loop. "
-                        "Use more users than the concurrency the rate needs")
-    parser.add_argument("--arrival-rate-per-user", type=float, default=0.0, include_in_web_ui=False,
-                        help="(set by the master from --arrival-rate / -u)")
+                   help="Open loop: Poisson arrivals at this total rate (req/s), request i sent at its seeded "
+                        "arrival time whatever the server does; -u caps the requests in flight (an arrival that "
+                        "finds every user busy is late, and its times count from when it was due). 0 = closed loop")
+    parser.add_argument("--arrival-rate-per-worker", type=float, default=0.0, include_in_web_ui=False,
+                        help="(set by the master: its --arrival-rate shared among the workers)")
     parser.add_argument("--max-requests-per-worker", type=int, default=0, include_in_web_ui=False,
                         help="(set by the master: its --max-requests shared among the workers)")
     g.add_argument("--openai-model", default="", env_var="LOCUST_OPENAI_MODEL",
@@ -110,11 +111,15 @@ class RunState:
         self.issued = itertools.count()
         self.done = 0
         self.quitting = False
+        self.arrivals: ArrivalSchedule | None = None  # open loop: when each request is due
+        self.t0: float | None = None  # monotonic time of arrival offset 0
 
     def reset(self):
         self.issued = itertools.count()
         self.done = 0
         self.quitting = False
+        self.arrivals = None
+        self.t0 = None
 
 
 STATE = RunState()
@@ -145,14 +150,17 @@ def _on_test_start(environment, **_):
     STATE.reset()
     runner = environment.runner
     # test_start fires before the spawn messages, which carry the custom options to the workers.
-    if not isinstance(runner, WorkerRunner) and opts is not None and opts.arrival_rate > 0:
-        users = runner.target_user_count or opts.num_users or 1
-        opts.arrival_rate_per_user = opts.arrival_rate / users
-    if isinstance(runner, MasterRunner) and opts is not None and opts.max_requests:
-        opts.max_requests_per_worker = math.ceil(opts.max_requests / max(runner.worker_count, 1))
+    if isinstance(runner, MasterRunner) and opts is not None:
+        workers = max(runner.worker_count, 1)
+        opts.arrival_rate_per_worker = opts.arrival_rate / workers
+        if opts.max_requests:
+            opts.max_requests_per_worker = math.ceil(opts.max_requests / workers)
     if opts is not None:  # workers get the master's custom options with the spawn message
         STATE.workload = Workload(load_prompts(opts.prompts_file or None), opts.output_tokens, opts.prompt_words,
                                   opts.workload_seed, opts.temperature)
+        rate = opts.arrival_rate_per_worker or opts.arrival_rate
+        if rate > 0 and not isinstance(runner, MasterRunner):
+            STATE.arrivals = ArrivalSchedule(rate, opts.workload_seed, stream=max(runner.worker_index, 0))
     else:
         STATE.workload = Workload()
     log.info("workload: %s", STATE.workload.describe())
@@ -179,7 +187,6 @@ def _on_worker_report(client_id, data, **_):
 
 
 _ENV = {}  # the Locust Environment, for listeners that are not handed it
-_USER_SEQ = itertools.count()  # users started in this process: seeds their arrival times
 
 
 def _count_done(environment, line: str):
@@ -232,36 +239,41 @@ class TritonLLMUser:
         self.target = (opts.triton_model if opts is not None and opts.triton_model else "") or self.model
         self.timeout = opts.request_timeout if opts is not None else 600.0
         self.request_type = f"{self.protocol} {self.target}"
-        rate = opts.arrival_rate_per_user if opts is not None else 0.0
-        self._rate = rate
-        runner = self.environment.runner
-        seed = opts.workload_seed if opts is not None else 0
-        self._arrivals = random.Random(f"arrivals/{seed}/{runner.worker_index}/{next(_USER_SEQ)}")
-        self._last_start = None
 
     def wait_time(self):
-        """Closed loop (no wait) or Poisson pacing: next start = last start + Exp(rate) gap."""
-        if self._rate <= 0 or self._last_start is None:
-            return 0
-        gap = self._arrivals.expovariate(self._rate)
-        return max(0.0, self._last_start + gap - time.monotonic())
+        return 0  # closed loop: the next request at once; open loop: _begin waits for the request's arrival
 
     def _begin(self):
-        """The next request of the workload and its Measurement; StopUser once --max-requests are out."""
+        """The next request of the workload (at its arrival time in an open loop) and its Measurement;
+        StopUser once --max-requests are out."""
         opts = self.opts
-        if self._rate > 0 and self._last_start is None:  # the first arrival is random too, not a burst at t=0
-            gevent.sleep(self._arrivals.expovariate(self._rate))
         limit = (opts.max_requests_per_worker or opts.max_requests) if opts is not None else 0
         index = next(STATE.issued)
         if limit and index >= limit:
             raise StopUser()
+        late = 0.0
+        if STATE.arrivals is not None:
+            due = self._arrival_clock() + STATE.arrivals.at(index)
+            gevent.sleep(max(0.0, due - time.monotonic()))
+            late = max(0.0, time.monotonic() - due)
         runner = self.environment.runner
         spec = STATE.workload.request(index, stream=max(runner.worker_index, 0))
         sample = Sample(model=self.target, user=type(self).__name__, protocol=self.protocol, index=index,
                         worker=max(runner.worker_index, 0), expected_tokens=spec.max_tokens,
                         prompt_id=spec.prompt_id, prompt_words=spec.prompt_words, users=runner.user_count)
-        self._last_start = time.monotonic()
-        return spec, Measurement(sample)
+        return spec, Measurement(sample, late=late)
+
+    def _arrival_clock(self, patience: float = 30.0) -> float:
+        """When arrival offset 0 is: once every user of this process has spawned (or after `patience`
+        seconds), so that the first arrivals do not wait behind users still starting."""
+        runner = self.environment.runner
+        deadline = time.monotonic() + patience
+        while STATE.t0 is None and runner.user_count < (runner.target_user_count or 0) \
+                and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        if STATE.t0 is None:
+            STATE.t0 = time.monotonic()
+        return STATE.t0
 
     def _fire(self, name, seconds, length, exception=None):
         self.environment.events.request.fire(request_type=self.request_type, name=name,
@@ -322,9 +334,10 @@ class GrpcStreamUser(TritonLLMUser, User):
         self._setup()
         url = self.opts.grpc_url if self.opts is not None and self.opts.grpc_url else default_grpc_url(self.host)
         self.client = grpcclient.InferenceServerClient(url)
-        self.responses: gevent.queue.Queue = gevent.queue.Queue()
-        self._request_id = ""
-        self._start_stream()
+        self.busy = False  # a request is in flight on the stream
+        self.responses: gevent.queue.Queue | None = None  # the stream opens with the first request: an open-loop
+        # run has more users than requests, and a stream that never carried a request keeps Triton 2.51 from
+        # unloading the decoupled model at shutdown (it waits out its exit timeout)
 
     def _start_stream(self):
         self.responses = gevent.queue.Queue()
@@ -334,7 +347,10 @@ class GrpcStreamUser(TritonLLMUser, User):
     def on_stop(self):
         client, self.client = getattr(self, "client", None), None
         if client is not None:  # else the process does not exit
-            _close(lambda: client.stop_stream(cancel_requests=True), client.close)
+            # Cancel only a request still in flight (a user killed by the run's end): cancelling an idle
+            # stream keeps Triton 2.51 from unloading the decoupled model at shutdown until its exit timeout.
+            busy = self.busy
+            _close(lambda: client.stop_stream(cancel_requests=busy), client.close)
 
     @task
     def generate(self):
@@ -342,6 +358,9 @@ class GrpcStreamUser(TritonLLMUser, User):
         request_id = f"{id(self)}-{spec.index}"
         error = None
         try:
+            if self.responses is None:
+                self._start_stream()
+            self.busy = True
             self.client.async_stream_infer(self.target, protocol.grpc_inputs(spec, stream=True, batched=False),
                                            outputs=protocol.grpc_outputs(), request_id=request_id,
                                            enable_empty_final_response=True)
@@ -359,6 +378,7 @@ class GrpcStreamUser(TritonLLMUser, User):
                     continue  # a late response of an earlier request
                 m.tokens(protocol.grpc_result_tokens(result), now)
                 if protocol.grpc_is_final(result):
+                    self.busy = False
                     break
         except GreenletExit:
             self._record(m.interrupt())
@@ -368,7 +388,7 @@ class GrpcStreamUser(TritonLLMUser, User):
         self._record(m.finish(error))
         if error is not None:  # the stream may be broken or still carry this request: start afresh
             self.client.stop_stream(cancel_requests=True)
-            self._start_stream()
+            self.responses, self.busy = None, False
 
 
 class SseStreamUser(TritonLLMUser, HttpUser):

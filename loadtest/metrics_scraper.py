@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Families kept from each scrape (histogram buckets are left out; _sum/_count are kept).
 KEEP = re.compile(r"^(tritonllm_\w+?(?<!_bucket)|nv_inference_(count|exec_count|request_success|request_failure"
-                  r"|queue_duration_us|compute_infer_duration_us)|nv_cpu_utilization)$")
+                  r"|queue_duration_us|compute_infer_duration_us)|nv_cpu_utilization|nv_gpu_utilization)$")
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

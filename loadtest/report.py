@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -23,9 +24,40 @@ import numpy as np  # noqa: E402
 from tritonllm_loadtest.metrics_scraper import slot_utilisation  # noqa: E402
 from tritonllm_loadtest.samples import Sample  # noqa: E402
 from tritonllm_loadtest.summary import RunSummary, ratios, summarize_run_dir  # noqa: E402
+from tritonllm_loadtest.sweep import Capacity, Slo, capacity, choose_slo, complete  # noqa: E402
 
 SCHEME_ORDER = {"inflight": 0, "dynamic": 1, "static": 2}
 COLORS = {"inflight": "tab:green", "dynamic": "tab:blue", "static": "tab:red"}
+
+
+@dataclass
+class ReportSettings:
+    """What the report is judged by (settings.json in the results directory, written by tritonllm-compare)."""
+
+    slo_ttft_s: float = 2.0  # goodput
+    slo_tpot_s: float = 0.5
+    slo_normalized_s: float | None = None  # the sweep's SLO; None: chosen from the lowest rate (sweep.choose_slo)
+    slo_e2e_p90_s: float | None = None
+    price_per_hour: float | None = None
+    ideal_ratio: dict[int, float] = field(default_factory=dict)  # closed-loop users -> in-flight's ideal gain
+
+    def save(self, results_dir: Path) -> None:
+        (Path(results_dir) / "settings.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, results_dir: Path) -> "ReportSettings":
+        path = Path(results_dir) / "settings.json"
+        if not path.exists():
+            return cls()
+        row = json.loads(path.read_text())
+        row["ideal_ratio"] = {int(k): v for k, v in row.get("ideal_ratio", {}).items()}
+        return cls(**{k: v for k, v in row.items() if k in cls.__dataclass_fields__})
+
+    def cost_per_million(self, s: RunSummary) -> float | None:
+        """What the machine cost during the run per million output tokens (it is billed idle or busy)."""
+        if self.price_per_hour is None or not s.tokens_per_s:
+            return None
+        return self.price_per_hour / 3600 / s.tokens_per_s * 1e6
 
 
 class Run:
@@ -217,8 +249,8 @@ def plot_hostage(runs: list[Run], path: Path) -> Path:
 def _summary_table(summaries: list[RunSummary]) -> list[str]:
     rows = ["| run | scheme | protocol | load | finished | errors | error rate | output tok/s | req/s | "
             "TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (s) | e2e p90 (s) | ITL p50 (ms) | TPOT p50 (ms) | "
-            "goodput (req/s) | slot util. | Triton batch |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "norm. latency (s/tok) | queue wait (s) | goodput (req/s) | slot util. | Triton batch | core-s / 1k tok |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         load = f"rate {s.arrival_rate:g}/s, ≤{s.concurrency} users" if s.arrival_rate else f"{s.concurrency} users"
         rows.append(
@@ -226,7 +258,9 @@ def _summary_table(summaries: list[RunSummary]) -> list[str]:
             f"{_fmt(s.error_rate, '%')} | {_fmt(s.tokens_per_s)} | {_fmt(s.requests_per_s)} | "
             f"{_fmt(s.ttft_p50, 'ms')} | {_fmt(s.ttft_p90, 'ms')} | "
             f"{_fmt(s.e2e_p50)} | {_fmt(s.e2e_p90)} | {_fmt(s.itl_p50, 'ms')} | {_fmt(s.tpot_p50, 'ms')} | "
-            f"{_fmt(s.goodput_rps)} | {_fmt(s.slot_utilisation, '%')} | {_fmt(s.triton_batch_size)} |")
+            f"{_fmt(s.normalized_latency)} | {_fmt(s.queue_wait_s)} | "
+            f"{_fmt(s.goodput_rps)} | {_fmt(s.slot_utilisation, '%')} | {_fmt(s.triton_batch_size)} | "
+            f"{_fmt(s.core_s_per_1k_tokens)} |")
     return rows
 
 
@@ -245,35 +279,231 @@ def _ratio_table(summaries: list[RunSummary]) -> list[str]:
     return rows
 
 
+def _schemes(summaries: list[RunSummary]) -> list[str]:
+    return sorted({s.scheme for s in summaries}, key=lambda x: (SCHEME_ORDER.get(x, 9), x))
+
+
+@dataclass
+class SweepResult:
+    """The open-loop points, the SLO they are judged by and each scheme's capacity under it."""
+
+    points: list[RunSummary]
+    slo: Slo | None
+    capacities: dict[str, Capacity]
+    problem: str = ""  # why there is no SLO or capacity
+
+    @classmethod
+    def of(cls, points: list[RunSummary], settings: ReportSettings) -> "SweepResult | None":
+        if not points:
+            return None
+        lowest = min(s.arrival_rate for s in points)
+        try:
+            slo = choose_slo([s for s in points if s.arrival_rate == lowest], settings.slo_normalized_s,
+                             settings.slo_e2e_p90_s)
+        except ValueError as exc:
+            return cls(points, None, {}, str(exc))
+        caps = {scheme: capacity([s for s in points if s.scheme == scheme], slo) for scheme in _schemes(points)}
+        return cls(points, slo, caps)
+
+
+def _headline(closed: list[RunSummary], sweep: SweepResult | None, settings: ReportSettings) -> list[str]:
+    top = max((s.concurrency for s in closed), default=None)
+    at_top = {s.scheme: s for s in closed if s.concurrency == top}
+    schemes = _schemes(closed + (sweep.points if sweep else []))
+    rows = ["| | " + " | ".join(f"`{x}`" for x in schemes) + " |", "|---|" + "---:|" * len(schemes)]
+
+    def row(label, value):
+        rows.append(f"| {label} | " + " | ".join(value(x) for x in schemes) + " |")
+
+    if sweep is not None and sweep.capacities:
+        row("capacity under the SLO (req/s, open loop)", lambda x: str(sweep.capacities[x]) if x in sweep.capacities else "–")
+    if at_top:
+        def closed_value(attr, unit=""):
+            return lambda x: _fmt(getattr(at_top[x], attr), unit) if x in at_top else "–"
+        row(f"output tokens/s ({top} users, closed loop)", closed_value("tokens_per_s"))
+        row("median time to first token (ms)", closed_value("ttft_p50", "ms"))
+        row("p90 end-to-end (s)", closed_value("e2e_p90"))
+        row("waste: computed rows that made no token", lambda x: _fmt(1 - at_top[x].slot_utilisation, "%")
+            if x in at_top and at_top[x].slot_utilisation is not None else "–")
+        if any(s.core_s_per_1k_tokens is not None for s in at_top.values()):
+            row("server core-seconds per 1,000 output tokens", closed_value("core_s_per_1k_tokens"))
+        if any(s.gpu_s_per_1k_tokens is not None for s in at_top.values()):
+            row("GPU-seconds (busy) per 1,000 output tokens", closed_value("gpu_s_per_1k_tokens"))
+        if settings.price_per_hour is not None:
+            row(f"cost per million output tokens at {settings.price_per_hour:g}/hour",
+                lambda x: _fmt(settings.cost_per_million(at_top[x])) if x in at_top else "–")
+    return rows
+
+
+def _sweep_tables(sweep: SweepResult) -> list[str]:
+    md = []
+    if sweep.slo is None:
+        md += [f"No capacity: {sweep.problem}.", ""]
+    else:
+        md += [f"SLO: mean normalized latency ≤ {sweep.slo.normalized_s:.3g} s per output token and p90 end-to-end "
+               f"≤ {sweep.slo.e2e_p90_s:.3g} s, every request answered ({sweep.slo.how}). Capacity: the highest "
+               "offered rate that meets it, interpolated towards the next rate (log of the worse limit's ratio); "
+               "≥ when even the highest rate met it.", "",
+               "| scheme | capacity under the SLO | × in-flight's |", "|---|---:|---:|"]
+        inflight = sweep.capacities.get("inflight")
+        for scheme, cap in sweep.capacities.items():
+            rel = (_fmt(cap.rate / inflight.rate, "x") if inflight is not None and inflight.rate and cap.rate
+                   else "–")
+            md.append(f"| {scheme} | {cap} | {rel} |")
+        md.append("")
+    md += ["| offered (req/s) | scheme | answered / planned | errors | cut off | req/s | output tok/s | "
+           "TTFT p50 (s) | TTFT p90 (s) | e2e p90 (s) | norm. latency (s/tok) | queue wait (s) | late p90 (s) | "
+           "slot util. | SLO |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for s in sorted(sweep.points, key=lambda s: (s.arrival_rate, SCHEME_ORDER.get(s.scheme, 9))):
+        verdict = "–" if sweep.slo is None else ("met" if sweep.slo.met(s) else (
+            "missed" if complete(s) else "missed (unanswered)"))
+        md.append(f"| {s.arrival_rate:g} | {s.scheme} | {s.ok} / {s.planned} | {s.errors} | {s.interrupted} | "
+                  f"{_fmt(s.requests_per_s)} | {_fmt(s.tokens_per_s)} | {_fmt(s.ttft_p50)} | {_fmt(s.ttft_p90)} | "
+                  f"{_fmt(s.e2e_p90)} | {_fmt(s.normalized_latency)} | {_fmt(s.queue_wait_s)} | {_fmt(s.late_p90)} | "
+                  f"{_fmt(s.slot_utilisation, '%')} | {verdict} |")
+    return md
+
+
+def _targets(closed: list[RunSummary], sweep: SweepResult | None, settings: ReportSettings) -> list[str]:
+    """The project's targets, checked on this run's numbers."""
+    md = []
+    if sweep is not None and sweep.capacities.get("inflight") is not None:
+        inflight = sweep.capacities["inflight"]
+        for other in ("dynamic", "static"):
+            cap = sweep.capacities.get(other)
+            if cap is None:
+                continue
+            if cap.rate is None or inflight.rate is None:
+                md.append(f"- in-flight capacity ≥ 2x {other}'s: in-flight {inflight}, {other} {cap}")
+                continue
+            ratio = inflight.rate / cap.rate
+            md.append(f"- in-flight capacity ≥ 2x {other}'s: {ratio:.2f}x ({inflight} vs {cap}"
+                      f"{'; in-flight never missed: a lower bound' if inflight.bound == '>=' else ''}) — "
+                      f"{'met' if ratio >= 2 else 'missed'}")
+    if sweep is not None:
+        lowest = min(s.arrival_rate for s in sweep.points)
+        at = {s.scheme: s for s in sweep.points if s.arrival_rate == lowest}
+        if "static" in at and "dynamic" in at and at["static"].queue_wait_s is not None \
+                and at["dynamic"].queue_wait_s:
+            ratio = at["static"].queue_wait_s / at["dynamic"].queue_wait_s
+            md.append(f"- at the lowest rate ({lowest:g} req/s) static's mean queue wait ≥ 10x dynamic's: "
+                      f"{at['static'].queue_wait_s:.3g} s vs {at['dynamic'].queue_wait_s:.3g} s = {ratio:.3g}x — "
+                      f"{'met' if ratio >= 10 else 'missed'}")
+    for users, ideal in sorted(settings.ideal_ratio.items()):
+        at = {s.scheme: s for s in closed if s.concurrency == users}
+        if "inflight" in at and "dynamic" in at and at["inflight"].tokens_per_s and at["dynamic"].tokens_per_s:
+            measured = at["inflight"].tokens_per_s / at["dynamic"].tokens_per_s
+            line = (f"- at saturation ({users} users) in-flight / dynamic output tok/s ≥ 0.9x the workload's ideal "
+                    f"ratio: {measured:.3g}x measured, ideal {ideal:.3g}x (Σ per-batch longest / (Σ lengths / "
+                    f"{users})) = {measured / ideal:.2f} of ideal — {'met' if measured >= 0.9 * ideal else 'missed'}")
+            i, d = at["inflight"], at["dynamic"]
+            if i.engine_steps and d.engine_steps and i.ms_per_step and d.ms_per_step:
+                line += (f". Steps: dynamic ran {d.engine_steps / i.engine_steps:.3g}x in-flight's ({d.engine_steps:.0f} "
+                         f"vs {i.engine_steps:.0f}); in-flight needed {i.output_tokens / users:.0f} with every slot "
+                         f"full (the rest is the run's end, its longest requests finishing beside empty slots); time "
+                         f"per step: in-flight {i.ms_per_step:.1f} ms, dynamic {d.ms_per_step:.1f} ms (run duration / "
+                         f"steps)")
+            md.append(line)
+    return md
+
+
+def plot_sweep(points: list[RunSummary], slo: Slo | None, path: Path) -> Path | None:
+    if not points:
+        return None
+    panels = [("ttft", "Time to first token (s): p50 —, p90 - -"), ("e2e_p90", "p90 end-to-end (s)"),
+              ("normalized_latency", "Normalized latency (s per output token)"),
+              ("tokens_per_s", "Achieved output tokens/s"), ("queue_wait_s", "Mean queue wait (s)"),
+              ("slot_utilisation", "Slot utilisation")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (what, title) in zip(axes.flat, panels):
+        for scheme in _schemes(points):
+            mine = sorted((s for s in points if s.scheme == scheme), key=lambda s: s.arrival_rate)
+            xs = [s.arrival_rate for s in mine]
+            color = COLORS.get(scheme, "tab:gray")
+            if what == "ttft":
+                ax.plot(xs, [_nan(s.ttft_p50) for s in mine], marker="o", color=color, label=scheme)
+                ax.plot(xs, [_nan(s.ttft_p90) for s in mine], marker="x", linestyle="--", color=color)
+            else:
+                ax.plot(xs, [_nan(getattr(s, what)) for s in mine], marker="o", color=color, label=scheme)
+            missed = [s for s in mine if slo is not None and not slo.met(s)]
+            if what != "ttft" and missed:
+                ax.scatter([s.arrival_rate for s in missed], [_nan(getattr(s, what)) for s in missed],
+                           s=120, facecolors="none", edgecolors=color)
+        if what in ("ttft", "e2e_p90", "normalized_latency", "queue_wait_s"):
+            ax.set_yscale("log")
+        if slo is not None and what == "e2e_p90":
+            ax.axhline(slo.e2e_p90_s, color="black", linestyle=":", label="SLO")
+        if slo is not None and what == "normalized_latency":
+            ax.axhline(slo.normalized_s, color="black", linestyle=":", label="SLO")
+        ax.set_title(title)
+        ax.set_xlabel("offered rate (requests/s, Poisson)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Under live traffic: open-loop sweep (circled: the point missed the SLO)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _nan(value):
+    return np.nan if value is None or (isinstance(value, float) and math.isinf(value)) else value
+
+
 def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: in-flight vs dynamic vs static",
-                 notes: list[str] | None = None, slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.5) -> Path:
+                 notes: list[str] | None = None, settings: ReportSettings | None = None) -> Path:
     """Write report.md, plots/*.png and summary.json into results_dir; return report.md's path."""
     results_dir = Path(results_dir)
+    settings = settings or ReportSettings.load(results_dir)
     run_dirs = find_runs(results_dir)
     if not run_dirs:
         raise ValueError(f"{results_dir}: no runs (expected runs/<name>/ with samples.jsonl)")
-    runs = sorted((Run(d, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s) for d in run_dirs), key=_sort_key)
+    runs = sorted((Run(d, slo_ttft_s=settings.slo_ttft_s, slo_tpot_s=settings.slo_tpot_s) for d in run_dirs),
+                  key=_sort_key)
     summaries = [r.summary for r in runs]
+    closed_runs = [r for r in runs if not r.info.arrival_rate]
+    closed = [r.summary for r in closed_runs]
+    sweep = SweepResult.of([s for s in summaries if s.arrival_rate], settings)
+    shown = closed_runs or runs  # the per-request plots: the closed-loop runs (the sweep has its own)
     plots_dir = results_dir / "plots"
     plots_dir.mkdir(parents=True, exist_ok=True)
     plots = [
-        ("Output tokens per second", plot_throughput(runs, plots_dir / "throughput.png")),
-        ("Time to first token (CDF)", plot_cdfs(runs, plots_dir / "ttft_cdf.png", "ttft")),
-        ("End-to-end latency (CDF)", plot_cdfs(runs, plots_dir / "e2e_cdf.png", "e2e")),
-        ("Inter-token latency and per-token latency", plot_itl(runs, plots_dir / "itl.png")),
+        ("Under live traffic: curves against the offered rate",
+         plot_sweep(sweep.points, sweep.slo, plots_dir / "sweep.png") if sweep else None),
+        ("Output tokens per second", plot_throughput(shown, plots_dir / "throughput.png")),
+        ("Time to first token (CDF)", plot_cdfs(shown, plots_dir / "ttft_cdf.png", "ttft")),
+        ("End-to-end latency (CDF)", plot_cdfs(shown, plots_dir / "e2e_cdf.png", "e2e")),
+        ("Inter-token latency and per-token latency", plot_itl(shown, plots_dir / "itl.png")),
         ("Slot utilisation over time (from each model's metrics)",
-         plot_utilisation(runs, plots_dir / "slot_utilisation.png")),
-        ("End-to-end latency against output length", plot_hostage(runs, plots_dir / "e2e_vs_tokens.png")),
+         plot_utilisation(shown, plots_dir / "slot_utilisation.png")),
+        ("End-to-end latency against output length", plot_hostage(shown, plots_dir / "e2e_vs_tokens.png")),
     ]
     workloads = sorted({r.info.workload for r in runs if r.info.workload})
     md = [f"# {title}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from `{results_dir}`.", ""]
     if workloads:
         md += ["Workload: " + "; ".join(workloads), ""]
-    md += [*(notes or []), "", "## Summary", "", *_summary_table(summaries), "",
+    md += [*(notes or []), "", "## Headline", "", *_headline(closed, sweep, settings), "",
+           "Waste = 1 − slot utilisation (Δgeneration tokens / Δ(slots × steps)): rows computed for finished "
+           "requests kept as padding and idle slots. Core-seconds: CPU time of the server's processes during the "
+           "run (known when this command started the server). Cost: the machine's price per hour over the "
+           "closed-loop run's tokens/s (a machine is billed busy or idle).", ""]
+    targets = _targets(closed, sweep, settings)
+    if targets:
+        md += ["### Targets, checked on this run", "", *targets, ""]
+    if sweep is not None:
+        md += ["## Under live traffic (open-loop sweep)", "",
+               "Poisson arrivals at each offered rate, the same seeded arrival times and requests for every scheme; "
+               "times count from when a request was due (late: all users were busy). Normalized latency = mean of "
+               "end-to-end / output tokens per request. Queue wait = mean time before a request's batch or slot "
+               "starts: Triton's queue (Δnv_inference_queue_duration_us / Δnv_inference_request_success; Triton "
+               "keeps sums, not percentiles) plus the engine's wait before a request's first forward.", "",
+               *_sweep_tables(sweep), ""]
+    md += ["## Summary", "", *_summary_table(summaries), "",
            "Times are exact percentiles of the raw samples (Locust's own tables round them). Throughput = "
            "output tokens of finished requests / (last end − first start). `dynamic` and `static` answer once "
            "at the end, so their TTFT equals their end-to-end latency and they have no ITL. Goodput counts "
-           f"requests with TTFT ≤ {slo_ttft_s:g} s and TPOT ≤ {slo_tpot_s:g} s. Slot utilisation = "
+           f"requests with TTFT ≤ {settings.slo_ttft_s:g} s and TPOT ≤ {settings.slo_tpot_s:g} s. Slot utilisation = "
            "Δgeneration tokens / Δ(slots × steps) from each model's metrics; 1 − it is the share of computed "
            "rows that was waste (padding rows of finished requests, idle slots). Triton batch = "
            "Δnv_inference_count / Δnv_inference_exec_count (average batch the batchers formed).", "",
@@ -299,17 +529,26 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
     report = results_dir / "report.md"
     report.write_text("\n".join(md) + "\n", encoding="utf-8")
     (results_dir / "summary.json").write_text(json.dumps(
-        {"runs": [asdict(s) for s in summaries], "ratios": [asdict(r) for r in ratios(summaries)]}, indent=2) + "\n")
+        {"runs": [asdict(s) for s in summaries], "ratios": [asdict(r) for r in ratios(summaries)],
+         "slo": asdict(sweep.slo) if sweep and sweep.slo else None,
+         "capacity": {k: asdict(c) for k, c in sweep.capacities.items()} if sweep else {},
+         "settings": asdict(settings)}, indent=2) + "\n")
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Rebuild the comparison report of a results directory.")
     p.add_argument("results_dir", type=Path)
-    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput SLO on TTFT (s)")
-    p.add_argument("--slo-tpot", type=float, default=0.5, help="goodput SLO on TPOT (s)")
+    p.add_argument("--slo-normalized", type=float, default=None, help="the sweep's SLO on normalized latency (s/token)")
+    p.add_argument("--slo-e2e-p90", type=float, default=None, help="the sweep's SLO on p90 end-to-end latency (s)")
+    p.add_argument("--price-per-hour", type=float, default=None, help="the machine's price per hour")
     args = p.parse_args(argv)
-    print(build_report(args.results_dir, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot))
+    settings = ReportSettings.load(args.results_dir)  # what the run used, unless overridden here
+    for name in ("slo_normalized", "slo_e2e_p90", "price_per_hour"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(settings, name + ("_s" if name.startswith("slo") else ""), value)
+    print(build_report(args.results_dir, settings=settings))
     return 0
 
 

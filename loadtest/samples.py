@@ -31,6 +31,7 @@ class Sample:
     prompt_id: str = ""
     prompt_words: int = 0
     users: int = 0  # Locust users running in this process when the request started
+    late: float = 0.0  # open loop: sent this long after its arrival time (every user was busy); counted in its times
     error: str | None = None
     interrupted: bool = False  # cut off when the run ended: neither a success nor an error
 
@@ -61,11 +62,13 @@ class Sample:
 class Measurement:
     """Times one request: call `tokens(n)` when a piece with n tokens arrives, then `finish()`."""
 
-    def __init__(self, sample: Sample, clock=time.perf_counter, wall=time.time):
+    def __init__(self, sample: Sample, clock=time.perf_counter, wall=time.time, late: float = 0.0):
+        """`late`: seconds since the request was due (open loop): its times count from then."""
         self.sample = sample
         self._clock = clock
-        sample.start = wall()
-        self.t0 = clock()
+        sample.late = late
+        sample.start = wall() - late
+        self.t0 = clock() - late
         self._last: float | None = None
 
     def tokens(self, n: int, now: float | None = None) -> None:

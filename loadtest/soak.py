@@ -67,7 +67,7 @@ def grpc_request(url: str, rng: random.Random, cancel_after: int | None, tally: 
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
-    cancelled = False
+    answered = False  # the final response came: a graceful close (cancelling an idle stream delays unloading)
     try:
         inputs = []
         for name, value, dtype in (("text_input", rng.choice(PROMPTS), "BYTES"), ("stream", True, "BOOL"),
@@ -84,17 +84,17 @@ def grpc_request(url: str, rng: random.Random, cancel_after: int | None, tally: 
                 tally.add("errors", str(error))
                 return
             if result.get_response().parameters["triton_final_response"].bool_param:
+                answered = True
                 tally.add("completed")
                 return
             pieces += 1
             if cancel_after is not None and pieces >= cancel_after:
-                cancelled = True
                 tally.add("cancelled")
                 return
     except queue.Empty:
         tally.add("errors", f"no response within {timeout:.0f} s")
     finally:
-        client.stop_stream(cancel_requests=cancelled)
+        client.stop_stream(cancel_requests=not answered)
         client.close()
 
 

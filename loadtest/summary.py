@@ -37,6 +37,7 @@ class RunInfo:
     started: float = 0.0
     ended: float = 0.0
     locust_rc: int | None = None
+    server_cpu_s: float | None = None  # CPU seconds the server's processes used during the run (when known)
     workload: str = ""
     command: list[str] = field(default_factory=list)
 
@@ -73,6 +74,7 @@ class RunSummary:
     concurrency: int
     arrival_rate: float
     streaming: bool
+    planned: int  # requests the run was to send (its --max-requests; 0: unbounded)
     finished: int  # ok + errors
     ok: int
     errors: int
@@ -92,11 +94,21 @@ class RunSummary:
     itl_p90: float | None
     itl_p99: float | None
     tpot_p50: float | None
+    normalized_latency: float | None  # mean of e2e / output tokens (s per token)
+    late_p90: float | None  # open loop: how late requests were sent after their arrival time
+    queue_wait_s: float | None  # mean wait before a request's batch or slot starts: Triton's queue + the engine's
+    triton_queue_s: float | None  # mean Δnv_inference_queue_duration_us / Δnv_inference_request_success
+    engine_queue_s: float | None  # mean wait in the engine before the first forward
+    server_cpu_s: float | None
+    core_s_per_1k_tokens: float | None  # server CPU seconds per 1,000 output tokens
+    gpu_s_per_1k_tokens: float | None  # ∫ nv_gpu_utilization dt per 1,000 output tokens (on a GPU)
     goodput_rps: float | None  # finished requests/s that met both SLOs
     slo_ttft_s: float
     slo_tpot_s: float
     slot_utilisation: float | None  # d(tokens) / d(slot steps) over the run; 1 - it is the waste share
     triton_batch_size: float | None  # Triton's d(inference_count) / d(exec_count) over the run
+    engine_steps: float | None = None  # Δtritonllm_steps_total: forwards that sampled tokens
+    ms_per_step: float | None = None  # the run's duration / its engine steps
     top_errors: list[tuple[str, int]] = field(default_factory=list)
 
 
@@ -118,8 +130,18 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         return (s.ttft is not None and s.ttft <= slo_ttft_s) and (
             not streaming or s.tpot is None or s.tpot <= slo_tpot_s)
 
-    utilisation = batch = None
+    utilisation = batch = triton_queue = engine_queue = gpu_seconds = steps = None
     if scrapes:
+        steps = delta(scrapes, series("tritonllm_steps_total", model=info.model))
+        d_queue_us = delta(scrapes, series("nv_inference_queue_duration_us", model=info.model, version="1"))
+        d_success = delta(scrapes, series("nv_inference_request_success", model=info.model, version="1"))
+        if d_queue_us is not None and d_success:
+            triton_queue = d_queue_us / 1e6 / d_success
+        d_engine_s = delta(scrapes, series("tritonllm_request_queue_seconds_total", model=info.model))
+        d_scheduled = delta(scrapes, series("tritonllm_requests_scheduled_total", model=info.model))
+        if d_engine_s is not None and d_scheduled:
+            engine_queue = d_engine_s / d_scheduled
+        gpu_seconds = gpu_busy_seconds(scrapes)
         d_tokens = delta(scrapes, series("tritonllm_generation_tokens_total", model=info.model))
         d_slots = delta(scrapes, series("tritonllm_slot_steps_total", model=info.model))
         if d_tokens is not None and d_slots:
@@ -131,7 +153,7 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
     return RunSummary(
         name=info.name, scheme=info.scheme, model=info.model, protocol=info.protocol,
         concurrency=info.concurrency, arrival_rate=info.arrival_rate, streaming=streaming,
-        finished=len(done), ok=len(ok), errors=len(errors), interrupted=len(interrupted),
+        planned=info.max_requests, finished=len(done), ok=len(ok), errors=len(errors), interrupted=len(interrupted),
         error_rate=len(errors) / len(done) if done else None, duration_s=duration, output_tokens=tokens,
         tokens_per_s=tokens / duration if duration else None,
         requests_per_s=len(ok) / duration if duration else None,
@@ -141,11 +163,30 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         e2e_p99=percentile([s.e2e for s in ok], 99),
         itl_p50=percentile(itl, 50), itl_p90=percentile(itl, 90), itl_p99=percentile(itl, 99),
         tpot_p50=percentile([s.tpot for s in ok], 50) if streaming else None,
+        normalized_latency=float(np.mean([s.e2e / s.output_tokens for s in ok if s.output_tokens]))
+        if any(s.output_tokens for s in ok) else None,
+        late_p90=percentile([s.late for s in ok], 90),
+        queue_wait_s=None if triton_queue is None and engine_queue is None else (triton_queue or 0) + (engine_queue or 0),
+        triton_queue_s=triton_queue, engine_queue_s=engine_queue, server_cpu_s=info.server_cpu_s,
+        core_s_per_1k_tokens=1000 * info.server_cpu_s / tokens if info.server_cpu_s is not None and tokens else None,
+        gpu_s_per_1k_tokens=1000 * gpu_seconds / tokens if gpu_seconds and tokens else None,
         goodput_rps=sum(map(meets_slo, ok)) / duration if duration else None,
         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
         slot_utilisation=utilisation, triton_batch_size=batch,
+        engine_steps=steps, ms_per_step=1000 * duration / steps if duration and steps else None,
         top_errors=Counter(s.error for s in errors).most_common(3),
     )
+
+
+def gpu_busy_seconds(scrapes: list[dict]) -> float | None:
+    """∫ nv_gpu_utilization dt summed over the GPUs (None without GPU metrics)."""
+    total, seen = 0.0, False
+    for prev, cur in zip(scrapes, scrapes[1:]):
+        for key, util in cur["values"].items():
+            if key.startswith("nv_gpu_utilization"):
+                seen = True
+                total += util * (cur["time"] - prev["time"])
+    return total if seen else None
 
 
 def summarize_run_dir(run_dir: str | Path, **slo) -> tuple[RunInfo, list[Sample], list[dict], RunSummary]:

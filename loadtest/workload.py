@@ -171,6 +171,16 @@ class Workload:
             i += 1
         return " ".join(words[:n])
 
+    def ideal_inflight_ratio(self, n: int, batch: int) -> float:
+        """What in-flight batching can gain over request-level batches of `batch` on requests 0..n-1 taken in
+        order, when every step costs the same: Σ per-batch longest output / (Σ outputs / batch). Request-level
+        batches run until their longest member ends; slots refilled every step need only Σ / batch steps."""
+        lengths = [self.request(i).max_tokens for i in range(n)]
+        if not lengths or batch < 1:
+            raise ValueError("need n >= 1 requests and a batch of >= 1")
+        batched_steps = sum(max(lengths[i:i + batch]) for i in range(0, n, batch))
+        return batched_steps / (sum(lengths) / batch)
+
     def describe(self) -> str:
         prompts = "dataset prompts as written" if self.prompt_words is None else f"prompt words {self.prompt_words}"
         return (f"{len(self.prompts)} prompts ({prompts}); output tokens {self.output_tokens} "

@@ -555,3 +555,21 @@ def test_a_failing_forward_fails_only_the_request_that_fails_alone(tiny, monkeyp
     assert [o.text for o in outs[1:]] == expected and all(o.error is None for o in outs[1:])
     assert sorted(engine.scheduler.free_slots) == list(range(SMALL["max_num_seqs"]))
     assert [o.text for o in engine.generate(TEXT_PROMPTS[:3], greedy)] == expected  # serves on
+
+
+def test_queue_time_counts_the_wait_for_a_slot_once_per_request(tiny):
+    engine = make_engine(tiny)  # 4 slots
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    rids = [engine.add_request(f"request number {i}", params) for i in range(6)]
+    engine.step()
+    assert engine.stats.requests_scheduled == 4  # the first four got slots at once
+    first_four = engine.stats.queue_seconds
+    late = [engine.scheduler.find(r) for r in rids[4:]]
+    assert all(s.first_scheduled_time is None for s in late)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats.requests_scheduled == 6  # once each, though each ran in several steps
+    assert all(s.first_scheduled_time > s.arrival_time for s in late)
+    waited = sum(s.first_scheduled_time - s.arrival_time for s in late)
+    assert engine.stats.queue_seconds == pytest.approx(first_four + waited)
+    assert waited > 2 * first_four  # the two that waited for a freed slot waited longer than those that did not

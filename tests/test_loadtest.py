@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from tritonllm_loadtest import compare, protocol
+from tritonllm_loadtest.arrivals import ArrivalSchedule
 from tritonllm_loadtest.metrics_scraper import parse_prometheus, series, slot_utilisation
-from tritonllm_loadtest.report import build_report
+from tritonllm_loadtest.report import ReportSettings, build_report
 from tritonllm_loadtest.samples import Measurement, Sample, SampleWriter, load_samples
 from tritonllm_loadtest.summary import SCHEME_OF_MODEL, RunInfo, ratios, summarize
+from tritonllm_loadtest.sweep import Slo, auto_rates, capacity, choose_slo, point_requests
 from tritonllm_loadtest.workload import PROMPTS_FILE, LengthDist, Workload, load_prompts
 
 LOCUSTFILE = Path(compare.__file__).resolve().parent / "locustfile.py"
@@ -174,12 +176,111 @@ print(json.dumps([steps.at(0), steps.at(15), steps.at(29.9), steps.at(30), spike
 
 def test_compare_argument_checks(capsys):
     args = compare.parse_args(["--concurrency", "1,8", "--schemes", "inflight,static"])
-    assert args.concurrency == [1, 8] and args.schemes == ["inflight", "static"]
-    for bad in (["--schemes", "inflight,turbo"], ["--concurrency", "0"], ["--run-time", "0"]):
+    assert args.concurrency == [1, 8] and args.schemes == ["inflight", "static"] and args.rates == "auto"
+    assert compare.parse_args(["--quick"]).rates == "none"
+    assert compare.parse_args(["--rates", "2,0.5", "--concurrency", "none"]).rates == [0.5, 2.0]
+    for bad in (["--schemes", "inflight,turbo"], ["--concurrency", "0"], ["--run-time", "0"], ["--rates", "0"],
+                ["--rates", "fast"], ["--concurrency", "none"], ["--concurrency", "none", "--quick"],
+                ["--point-time", "0"], ["--max-users", "0"]):
         with pytest.raises(SystemExit):
             compare.parse_args(bad)
     assert compare.host_port("http://10.0.0.1:9000/x", 8000) == ("10.0.0.1", 9000)
     assert compare.host_port("triton", 8001) == ("triton", 8001)
+
+
+def test_arrival_schedule_is_a_seeded_poisson_process():
+    a, b = ArrivalSchedule(4.0, seed=1), ArrivalSchedule(4.0, seed=1)
+    offsets = [a.at(i) for i in range(2000)]
+    assert [b.at(i) for i in reversed(range(2000))][::-1] == offsets  # any order of asking, the same times
+    assert all(x < y for x, y in zip(offsets, offsets[1:]))
+    assert offsets[-1] / 2000 == pytest.approx(1 / 4.0, rel=0.1)  # mean gap 1/rate
+    assert ArrivalSchedule(4.0, seed=2).at(5) != offsets[5] and ArrivalSchedule(5.0, seed=1).at(5) != offsets[5]
+    with pytest.raises(ValueError):
+        ArrivalSchedule(0)
+
+
+def test_measurement_of_a_late_request_counts_from_its_arrival():
+    m = Measurement(Sample("m", "U", "p", 0), clock=iter([10.0, 10.5]).__next__, wall=lambda: 1000.0, late=0.25)
+    m.tokens(1)
+    s = m.finish(now=11.0)
+    assert s.late == 0.25 and s.start == 999.75 and s.ttft == pytest.approx(0.75) and s.e2e == pytest.approx(1.25)
+
+
+def _point(scheme, rate, e2e, tokens=10, n=10, errors=0):
+    samples = [_sample(i, 100.0 + i, e2e, e2e, tokens, proto="grpc-infer") for i in range(n - errors)]
+    samples += [_sample(n + i, 100.0, None, 1.0, 0, error="queue full", proto="grpc-infer") for i in range(errors)]
+    return summarize(RunInfo(f"{scheme}-r{rate:g}", scheme, f"llm_{scheme}", protocol="grpc-infer", concurrency=96,
+                             arrival_rate=rate, max_requests=n), samples)
+
+
+def test_sweep_rates_slo_and_capacity():
+    assert auto_rates(5.0) == [0.5, 2.5, 4.5, 6.5]  # 0.1x, 0.5x, 0.9x, 1.3x of saturation
+    assert auto_rates(5.0, 1) == [0.5] and len(auto_rates(5.0, 7)) == 7
+    assert point_requests(0.5, 12, 8) == 8 and point_requests(3.0, 12, 8) == 36
+    low = [_point("inflight", 1.0, 1.0), _point("static", 1.0, 6.0)]
+    slo = choose_slo(low)
+    assert slo.e2e_p90_s == pytest.approx(9.0) and slo.normalized_s == pytest.approx(0.9)  # 1.5x static's
+    assert "static" in slo.how and choose_slo(low, 0.2, 3.0) == Slo(0.2, 3.0, "given")
+    # inflight meets it up to 4 req/s; static misses at 2 (ratio 2 on p90) after 0.5 at 1: interpolated on log ratio
+    slo = Slo(normalized_s=10.0, e2e_p90_s=12.0, how="given")
+    inflight = capacity([_point("inflight", r, e) for r, e in ((1, 1.0), (2, 2.0), (4, 3.0))], slo)
+    assert inflight.rate == 4 and inflight.bound == ">=" and str(inflight) == "≥ 4 req/s"
+    static = capacity([_point("static", 1, 6.0), _point("static", 2, 24.0)], slo)
+    assert static.bound == "=" and static.rate == pytest.approx(1.5)  # log 0.5 -> log 2: halfway
+    refused = capacity([_point("dynamic", 1, 1.0), _point("dynamic", 2, 1.0, errors=1)], slo)
+    assert refused.rate == 1 and refused.bound == "="  # an unanswered request misses the SLO whatever the times
+    never = capacity([_point("dynamic", 1, 20.0)], slo)
+    assert never.rate is None and str(never) == "< 1 req/s"
+
+
+def test_ideal_inflight_ratio_of_a_workload():
+    assert Workload(output_tokens="fixed:10").ideal_inflight_ratio(16, 8) == pytest.approx(1.0)
+    work = Workload(output_tokens="exp:48:256")
+    lengths = [work.request(i).max_tokens for i in range(16)]
+    expected = (max(lengths[:8]) + max(lengths[8:])) / (sum(lengths) / 8)
+    assert work.ideal_inflight_ratio(16, 8) == pytest.approx(expected) and expected > 1.5
+
+
+def test_report_with_a_sweep(tmp_path):
+    def write(name, scheme, rate, e2e, ttft=None, n=12):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        model = f"llm_{scheme}"
+        proto = "grpc-stream" if scheme == "inflight" else "grpc-infer"
+        RunInfo(name, scheme, model, protocol=proto, concurrency=8 if not rate else 96, arrival_rate=rate,
+                max_requests=n, server_cpu_s=3.0).save(run_dir)
+        writer = SampleWriter(run_dir / "samples.jsonl")
+        for i in range(n):
+            writer.write(Sample(model, "U", proto, i, start=100.0 + i * 0.5, ttft=ttft or e2e, e2e=e2e,
+                                output_tokens=10, expected_tokens=10))
+        writer.close()
+        q = series("nv_inference_queue_duration_us", model=model, version="1")
+        ok = series("nv_inference_request_success", model=model, version="1")
+        wait = {"static": 2.0, "dynamic": 0.05, "inflight": 0.0}[scheme]
+        rows = [{"time": 100.0, "values": {q: 0.0, ok: 0.0}}, {"time": 110.0, "values": {q: wait * 1e6 * n, ok: n}}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    for scheme, e2e in (("inflight", 1.0), ("dynamic", 2.0), ("static", 4.0)):
+        write(f"{scheme}-c8", scheme, 0.0, e2e, ttft=0.1 if scheme == "inflight" else None)
+    for rate, factor in ((1.0, 1.0), (2.0, 1.2), (4.0, 3.0)):
+        write(f"inflight-r{rate:g}", "inflight", rate, 1.0 * factor, ttft=0.1)
+        write(f"dynamic-r{rate:g}", "dynamic", rate, 2.0 * factor * factor)
+        write(f"static-r{rate:g}", "static", rate, 5.0 * factor * factor)
+    ReportSettings(price_per_hour=3.6, ideal_ratio={8: 2.0}).save(tmp_path)
+    text = build_report(tmp_path).read_text()
+    assert "## Under live traffic (open-loop sweep)" in text and "![Under live traffic" in text
+    assert "| inflight | ≥ 4 req/s |" in text  # never missed: a lower bound
+    assert "(normalized latency 1.5 x static's at 1 req/s; p90 end-to-end 1.5 x static's at 1 req/s)" in text
+    assert "| 1 | static | 12 / 12 | 0 | 0 |" in text and "| met |" in text and "| missed |" in text
+    assert "static's mean queue wait ≥ 10x dynamic's: 2 s vs 0.05 s = 40x — met" in text
+    assert "cost per million output tokens at 3.6/hour" in text
+    assert "ideal 2x" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["capacity"]["inflight"]["bound"] == ">=" and summary["slo"]["e2e_p90_s"] == pytest.approx(7.5)
+    runs = {r["name"]: r for r in summary["runs"]}
+    assert runs["static-r1"]["queue_wait_s"] == pytest.approx(2.0)
+    assert runs["inflight-c8"]["core_s_per_1k_tokens"] == pytest.approx(1000 * 3.0 / 120)
+    assert (tmp_path / "plots" / "sweep.png").stat().st_size > 20000
 
 
 def test_report_from_synthetic_runs(tmp_path):
@@ -272,12 +373,22 @@ def test_user_class_against_triton(locust_runs, name, user_class, model, users, 
     assert (run_dir / "locust.html").stat().st_size > 10000
 
 
-def test_arrival_rate_spreads_requests(locust_runs):
+def assert_on_schedule(samples, rate: float, seed: int = 0, tolerance: float = 0.1):
+    """Request i was due (its `start`) at its seeded Poisson arrival time, relative to request 0."""
+    schedule = ArrivalSchedule(rate, seed)
+    by_index = {s.index: s for s in samples}
+    first = by_index[0].start - schedule.at(0)
+    for i, s in by_index.items():
+        assert abs(s.start - first - schedule.at(i)) < tolerance, (i, s.start - first, schedule.at(i))
+
+
+def test_arrival_rate_sends_on_the_seeded_schedule(locust_runs):
     _, results = locust_runs
     samples = load_samples(results["dynamic-http"][0] / "samples.jsonl")
     starts = sorted(s.start for s in samples)
     assert starts[-1] - starts[0] > 0.5  # 24 requests at 16/s take ~1.5 s
     assert sum(t - starts[0] < 0.05 for t in starts) < 8  # no burst of all 8 users at t=0 (closed loop would)
+    assert_on_schedule(samples, 16.0)
 
 
 def test_report_builds_from_locust_runs(locust_runs):
@@ -308,8 +419,10 @@ def test_compare_end_to_end(triton_server, tmp_path):
     cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never",
            "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
            "--metrics-url", triton_server.metrics_url, "--max-requests", "16", "--run-time", "30",
-           "--output-tokens", "exp:6:24", "--scrape-interval", "0.25", "--out", "results"]  # relative to cwd
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+           "--output-tokens", "exp:6:24", "--scrape-interval", "0.25", "--out", "results",  # relative to cwd
+           "--rates", "6,40", "--point-time", "1", "--point-min-requests", "6", "--drain-time", "30",
+           "--price-per-hour", "2.5"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=360, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"report: {(out / 'report.md').resolve()}" in proc.stdout
     text = (out / "report.md").read_text()
@@ -318,7 +431,8 @@ def test_compare_end_to_end(triton_server, tmp_path):
         for name in ("locust.html", "locust_stats.csv", "locust.log", "samples.jsonl", "metrics.jsonl", "run.json"):
             assert (out / "runs" / f"{scheme}-c8" / name).is_file(), name
     assert "| 8 users | dynamic |" in text and "| 8 users | static |" in text
-    runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+    summary = json.loads((out / "summary.json").read_text())
+    runs = {r["scheme"]: r for r in summary["runs"] if not r["arrival_rate"]}
     assert all(r["finished"] == 16 and r["errors"] == 0 for r in runs.values())
     # every scheme got the same requests
     indexes = {s: sorted((x.index, x.expected_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
@@ -327,6 +441,21 @@ def test_compare_end_to_end(triton_server, tmp_path):
     assert runs["inflight"]["slot_utilisation"] is not None and 0 < runs["inflight"]["slot_utilisation"] <= 1
     assert runs["static"]["triton_batch_size"] >= 4  # static waits for full batches of 8
     assert (out / "plots" / "slot_utilisation.png").stat().st_size > 5000
+    # The open-loop sweep: every scheme got the same requests at the same seeded arrival times.
+    points = {(r["scheme"], r["arrival_rate"]): r for r in summary["runs"] if r["arrival_rate"]}
+    assert set(points) == {(s, r) for s in ("inflight", "dynamic", "static") for r in (6.0, 40.0)}
+    for (scheme, rate), r in points.items():
+        assert r["planned"] == (6 if rate == 6 else 40) and r["ok"] == r["planned"] and r["errors"] == 0, r
+        assert r["normalized_latency"] > 0 and r["queue_wait_s"] is not None
+        assert_on_schedule(load_samples(out / "runs" / f"{scheme}-r{rate:g}"), rate)
+    # 6 requests never fill static's batch of 8: each waits out its 5 s queue delay; dynamic's window is 50 ms.
+    assert points[("static", 6.0)]["queue_wait_s"] > 2.0 > 5 * points[("dynamic", 6.0)]["queue_wait_s"]
+    assert summary["slo"] is not None and set(summary["capacity"]) == {"inflight", "dynamic", "static"}
+    assert "## Under live traffic (open-loop sweep)" in text and "capacity under the SLO" in text
+    assert "cost per million output tokens at 2.5/hour" in text
+    assert "static's mean queue wait ≥ 10x dynamic's" in text
+    assert (out / "plots" / "sweep.png").stat().st_size > 20000
+    assert json.loads((out / "settings.json").read_text())["price_per_hour"] == 2.5
 
 
 def test_compare_fails_above_error_threshold(triton_server, tmp_path):
@@ -414,7 +543,7 @@ def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_pa
                "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
                "--metrics-url", triton_server.metrics_url, "--schemes", "inflight", "--max-requests", "8",
                "--run-time", "30", "--output-tokens", "exp:6:24", "--openai-url", fake.url,
-               "--openai-name", "other-server", "--out", str(out)]
+               "--openai-name", "other-server", "--quick", "--out", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     finally:
         fake.close()

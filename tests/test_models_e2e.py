@@ -533,6 +533,8 @@ def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
     for model in ("llm_inflight", *BATCHED):
         tokens0 = metric(triton_server, "tritonllm_generation_tokens_total", model)
         steps0 = metric(triton_server, "tritonllm_slot_steps_total", model)
+        scheduled0 = metric(triton_server, "tritonllm_requests_scheduled_total", model)
+        queued0 = metric(triton_server, "tritonllm_request_queue_seconds_total", model)
         response = generate(triton_server, model, text_input="Hi", max_tokens=5, ignore_eos=True)
         assert response.status_code == 200, response.text
         tokens = wait_for_metric(triton_server, "tritonllm_generation_tokens_total", lambda v: v >= tokens0 + 5,
@@ -540,3 +542,9 @@ def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
         steps = wait_for_metric(triton_server, "tritonllm_slot_steps_total", lambda v: v >= steps0 + 5 * slots,
                                 model=model)
         assert (tokens - tokens0, steps - steps0) == (5, 5 * slots), model
+        # and its wait before its first forward: one request, a wait that is counted and short (nothing queued)
+        scheduled = wait_for_metric(triton_server, "tritonllm_requests_scheduled_total",
+                                    lambda v: v >= scheduled0 + 1, model=model)
+        queued = wait_for_metric(triton_server, "tritonllm_request_queue_seconds_total", lambda v: v > queued0,
+                                 model=model)
+        assert scheduled - scheduled0 == 1 and 0 < queued - queued0 < 5, model

@@ -36,6 +36,8 @@ class EngineStats:
     tokens_generated: int = 0
     prompt_tokens: int = 0
     slot_steps: int = 0  # slots x decode steps: the token capacity offered
+    requests_scheduled: int = 0  # requests that got their first forward
+    queue_seconds: float = 0.0  # summed over them: arrival at the engine to first forward
 
     @property
     def slot_utilisation(self) -> float:
@@ -115,6 +117,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._take_inbox()
         chunks = self.scheduler.schedule()
+        self._count_first_schedules(chunks)
         if any(c.seq.held for c in chunks):  # test-only fault: held sequences compute nothing
             chunks = [c for c in chunks if not c.seq.held]
             if not chunks:
@@ -135,6 +138,14 @@ class LLMEngine:
                 except Exception:
                     log.exception("callback of %s failed", seq.request_id)
         return [out for out, _ in outputs]
+
+    def _count_first_schedules(self, chunks) -> None:
+        now = time.perf_counter()
+        for c in chunks:
+            if not c.padding and c.seq.first_scheduled_time is None:
+                c.seq.first_scheduled_time = now
+                self.stats.requests_scheduled += 1
+                self.stats.queue_seconds += now - c.seq.arrival_time
 
     def _take_inbox(self) -> list[tuple[RequestOutput, Sequence]]:
         with self._wake:

@@ -45,6 +45,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose keys/values are in the cache
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    first_scheduled_time: float | None = None  # first forward that computed it (the end of its wait)
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     # Filled by the engine: incremental detokenizer and sampling generator.

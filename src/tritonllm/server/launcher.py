@@ -321,6 +321,12 @@ class TritonServer:
             lines += ["  last log lines:"] + ["    " + l for l in tail]
         return "\n".join(lines)
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) used so far by the server's running processes (tritonserver and its stubs)."""
+        if self.process is None:
+            return None
+        return sum(process_cpu_seconds(pid) for pid in group_pids(self.process.pid))
+
     def read_log(self) -> str:
         try:
             return self.log_file.read_text(errors="replace")
@@ -383,6 +389,16 @@ def group_pids(pgid: int) -> list[int]:
             except OSError:  # gone meanwhile
                 continue
     return pids
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc/<pid>/stat (0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _running(pid: int) -> bool:

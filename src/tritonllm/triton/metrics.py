@@ -46,6 +46,10 @@ class EngineCounters:
             "decode_steps": self._metric("tritonllm_steps_total", "Engine steps that generated tokens", Family.COUNTER, labels),
             "slot_steps": self._metric("tritonllm_slot_steps_total", "Slots x steps: token capacity offered "
                                        "(padding rows and idle slots included)", Family.COUNTER, labels),
+            "requests_scheduled": self._metric("tritonllm_requests_scheduled_total", "Requests that got their first "
+                                               "forward", Family.COUNTER, labels),
+            "queue_seconds": self._metric("tritonllm_request_queue_seconds_total", "Seconds requests waited in the "
+                                          "engine before their first forward (summed)", Family.COUNTER, labels),
         }
         self.seen = {name: 0 for name in self.counters}
         self.info = export_model_info(model_name, engine)

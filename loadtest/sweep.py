@@ -1,0 +1,112 @@
+"""The open-loop sweep: which rates to offer, the SLO, and each scheme's capacity under it.
+
+Rates are fractions of a measured saturation throughput (the closed-loop point's best req/s), so
+the sweep spans "well below" to "past" saturation on any machine. A point meets the SLO when every
+planned request was answered (no error, none cut off or left unsent) and both its mean normalized
+latency (end-to-end / output tokens, as the Orca and vLLM papers plot it) and its p90 end-to-end
+latency are within the limits. Capacity is the highest offered rate that meets the SLO,
+interpolated towards the next (failing) rate on a log scale of the worse limit's ratio.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tritonllm_loadtest.summary import RunSummary
+
+DEFAULT_FRACTIONS = (0.1, 0.5, 0.9, 1.3)
+SLO_SLACK = 1.5  # the automatic SLO: this many times the worst scheme's value at the lowest rate
+
+
+def auto_rates(saturation_rps: float, points: int = len(DEFAULT_FRACTIONS)) -> list[float]:
+    """`points` rates (req/s) from 0.1x to 1.3x of the saturation throughput (the default four points
+    are 0.1, 0.5, 0.9, 1.3), rounded to 3 significant digits so that run names stay readable."""
+    if saturation_rps <= 0:
+        raise ValueError("the saturation throughput must be > 0 to set the sweep's rates")
+    if points < 1:
+        raise ValueError("a sweep needs at least one point")
+    lo, hi = DEFAULT_FRACTIONS[0], DEFAULT_FRACTIONS[-1]
+    fractions = [lo] if points == 1 else [lo + (hi - lo) * i / (points - 1) for i in range(points)]
+    return [float(f"{f * saturation_rps:.3g}") for f in fractions]
+
+
+def point_requests(rate: float, window_s: float, minimum: int) -> int:
+    """Requests of one point: the arrivals expected in the window, at least `minimum`."""
+    return max(minimum, round(rate * window_s))
+
+
+@dataclass(frozen=True)
+class Slo:
+    normalized_s: float  # mean end-to-end / output tokens (s per token)
+    e2e_p90_s: float
+    how: str  # how the limits were chosen, for the report
+
+    def ratio(self, s: RunSummary) -> float:
+        """max(value / limit) over the two limits: <= 1 meets them; inf when a request went unanswered."""
+        if not complete(s) or s.normalized_latency is None or s.e2e_p90 is None:
+            return math.inf
+        return max(s.normalized_latency / self.normalized_s, s.e2e_p90 / self.e2e_p90_s)
+
+    def met(self, s: RunSummary) -> bool:
+        return self.ratio(s) <= 1.0
+
+
+def complete(s: RunSummary) -> bool:
+    """Every planned request answered: no error, none cut off by the time bound, none left unsent."""
+    planned = s.planned or s.finished
+    return s.errors == 0 and s.interrupted == 0 and s.ok >= planned > 0
+
+
+def choose_slo(lowest: list[RunSummary], normalized_s: float | None = None, e2e_p90_s: float | None = None) -> Slo:
+    """The given limits; a missing one is SLO_SLACK x the worst scheme's value at the lowest rate (so that
+    every scheme meets it at low load: static batching's wait for a full batch sets the bar)."""
+    how = []
+    if normalized_s is None or e2e_p90_s is None:
+        usable = [s for s in lowest if complete(s) and s.normalized_latency is not None and s.e2e_p90 is not None]
+        if not usable:
+            raise ValueError("no scheme answered every request at the lowest rate: give the SLO limits")
+        rate = lowest[0].arrival_rate
+        if normalized_s is None:
+            worst = max(usable, key=lambda s: s.normalized_latency)
+            normalized_s = SLO_SLACK * worst.normalized_latency
+            how.append(f"normalized latency {SLO_SLACK:g} x {worst.scheme}'s at {rate:g} req/s")
+        if e2e_p90_s is None:
+            worst = max(usable, key=lambda s: s.e2e_p90)
+            e2e_p90_s = SLO_SLACK * worst.e2e_p90
+            how.append(f"p90 end-to-end {SLO_SLACK:g} x {worst.scheme}'s at {rate:g} req/s")
+    return Slo(normalized_s, e2e_p90_s, "; ".join(how) or "given")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    scheme: str
+    rate: float | None  # req/s; None when even the lowest rate missed the SLO
+    bound: str  # "=" interpolated between a passing and a failing rate, ">=" no rate failed, "<" none passed
+    lowest_rate: float
+
+    def __str__(self) -> str:
+        if self.rate is None:
+            return f"< {self.lowest_rate:.3g} req/s"
+        return f"{'≥ ' if self.bound == '>=' else ''}{self.rate:.3g} req/s"
+
+
+def capacity(points: list[RunSummary], slo: Slo) -> Capacity:
+    """The highest rate of one scheme's points that meets the SLO, interpolated towards the next rate."""
+    points = sorted(points, key=lambda s: s.arrival_rate)
+    if not points:
+        raise ValueError("no points")
+    ratios = [slo.ratio(s) for s in points]
+    passing = [i for i, r in enumerate(ratios) if r <= 1.0]
+    scheme, lowest = points[0].scheme, points[0].arrival_rate
+    if not passing:
+        return Capacity(scheme, None, "<", lowest)
+    i = passing[-1]
+    if i == len(points) - 1:
+        return Capacity(scheme, points[i].arrival_rate, ">=", lowest)
+    r0, r1 = points[i].arrival_rate, points[i + 1].arrival_rate
+    x0, x1 = ratios[i], ratios[i + 1]
+    if math.isinf(x1) or x0 <= 0:  # nothing to interpolate on: the last passing rate
+        return Capacity(scheme, r0, "=", lowest)
+    t = (0.0 - math.log(x0)) / (math.log(x1) - math.log(x0))
+    return Capacity(scheme, r0 + (r1 - r0) * t, "=", lowest)
