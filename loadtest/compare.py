@@ -3,7 +3,7 @@ after the other on one server, then a side-by-side report.
 
     tritonllm-compare                       # bundled SmolLM2: closed loop at 8 users + open-loop sweep, ~8 min
     tritonllm-compare --quick               # only the closed-loop point, ~3 min
-    tritonllm-compare --sweep-points 7 --point-time 30                 # a finer, longer sweep
+    tritonllm-compare --sweep-points 9 --point-time 30                 # a finer, longer sweep
     tritonllm-compare --model tiny --max-requests 24 --run-time 30     # a quick look
     tritonllm-compare --url triton.example:8000 --grpc-url triton.example:8001 \
         --metrics-url http://triton.example:8002/metrics --server never
@@ -17,7 +17,7 @@ Two kinds of load, each scheme in turn at each load:
   which saturates the slots and measures each scheme's throughput;
 - an open-loop sweep (--rates): Poisson arrivals at several rates, the same seeded arrival times
   and requests for every scheme at a rate, bounded by count and time per point. `auto` sets the
-  rates from the closed-loop point's best req/s (the saturation probe), from 0.1x to 1.3x.
+  rates from the closed-loop point's best req/s (the saturation probe), from 0.1x to 1.6x.
 
 Starts a local Triton (the repository's model_repository/) when none answers at --url, runs
 headless Locust in a subprocess per point, scrapes Triton's metrics meanwhile, and writes
@@ -117,11 +117,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--rates", default="auto",
                    help="'auto' (from the closed-loop point's best req/s), 'none', or comma-separated req/s")
     s.add_argument("--quick", action="store_true", help="only the closed-loop point (same as --rates none)")
-    s.add_argument("--sweep-points", type=int, default=4, help="rates of an auto sweep, 0.1x to 1.3x saturation")
-    s.add_argument("--point-time", type=float, default=12.0,
+    s.add_argument("--sweep-points", type=int, default=5,
+                   help="rates of an auto sweep, from 0.1x to 1.6x saturation on a log scale")
+    s.add_argument("--point-time", type=float, default=10.0,
                    help="seconds of arrivals per point (requests = rate x this, at least --point-min-requests)")
     s.add_argument("--point-min-requests", type=int, default=8)
-    s.add_argument("--drain-time", type=float, default=20.0,
+    s.add_argument("--drain-time", type=float, default=15.0,
                    help="seconds a point may run past its last arrival; requests still open then are cut off")
     s.add_argument("--max-users", type=int, default=96,
                    help="open loop: most requests in flight at once (an arrival finding all busy is late)")

@@ -15,20 +15,21 @@ from dataclasses import dataclass
 
 from tritonllm_loadtest.summary import RunSummary
 
-DEFAULT_FRACTIONS = (0.1, 0.5, 0.9, 1.3)
+LOWEST, HIGHEST = 0.1, 1.6  # of the saturation probe's throughput: well below it to past it
 SLO_SLACK = 1.5  # the automatic SLO: this many times the worst scheme's value at the lowest rate
 
 
-def auto_rates(saturation_rps: float, points: int = len(DEFAULT_FRACTIONS)) -> list[float]:
-    """`points` rates (req/s) from 0.1x to 1.3x of the saturation throughput (the default four points
-    are 0.1, 0.5, 0.9, 1.3), rounded to 3 significant digits so that run names stay readable."""
+def auto_rates(saturation_rps: float, points: int = 5) -> list[float]:
+    """`points` rates (req/s) spaced evenly on a log scale from 0.1x to 1.6x the saturation throughput
+    (the default five: 0.1, 0.2, 0.4, 0.8, 1.6), rounded to 3 significant digits for readable run names.
+    The closed-loop probe runs 8 users for a few dozen requests and ends in a drain, so it reads below
+    what a scheme sustains with a queue: the top rate is well past it."""
     if saturation_rps <= 0:
         raise ValueError("the saturation throughput must be > 0 to set the sweep's rates")
     if points < 1:
         raise ValueError("a sweep needs at least one point")
-    lo, hi = DEFAULT_FRACTIONS[0], DEFAULT_FRACTIONS[-1]
-    fractions = [lo] if points == 1 else [lo + (hi - lo) * i / (points - 1) for i in range(points)]
-    return [float(f"{f * saturation_rps:.3g}") for f in fractions]
+    step = (HIGHEST / LOWEST) ** (1 / (points - 1)) if points > 1 else 1.0
+    return [float(f"{LOWEST * step ** i * saturation_rps:.3g}") for i in range(points)]
 
 
 def point_requests(rate: float, window_s: float, minimum: int) -> int:

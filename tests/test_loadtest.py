@@ -214,8 +214,8 @@ def _point(scheme, rate, e2e, tokens=10, n=10, errors=0):
 
 
 def test_sweep_rates_slo_and_capacity():
-    assert auto_rates(5.0) == [0.5, 2.5, 4.5, 6.5]  # 0.1x, 0.5x, 0.9x, 1.3x of saturation
-    assert auto_rates(5.0, 1) == [0.5] and len(auto_rates(5.0, 7)) == 7
+    assert auto_rates(5.0) == [0.5, 1.0, 2.0, 4.0, 8.0]  # 0.1x to 1.6x of saturation, doubling
+    assert auto_rates(5.0, 1) == [0.5] and auto_rates(5.0, 3) == [0.5, 2.0, 8.0]
     assert point_requests(0.5, 12, 8) == 8 and point_requests(3.0, 12, 8) == 36
     low = [_point("inflight", 1.0, 1.0), _point("static", 1.0, 6.0)]
     slo = choose_slo(low)

@@ -13,17 +13,23 @@ do). `--vs float32` / `--vs int8` also run the ceiling and the engine in float32
 weight-only int8 matmuls, in the same run, for the ratios. `--match N` measures batch invariance:
 N chat prompts, greedy, through the engine at full batch and one by one through the same model's
 `model.generate` (for int8: the unquantised model): how many answers are token-identical.
+
+`--profile-steps FILE` instead times the runner's forward over a grid of step shapes (rows,
+decode context, a prefill chunk) and writes them as JSON: the step-cost profile that
+`tritonllm-simulate` fits and interpolates (loadtest/step_cost.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
 
 from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.model_runner import Chunk
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 from tritonllm.models import DTYPES, dtype_name, load_model, resolve_dtype
@@ -148,6 +154,30 @@ def run_match(model, tokenizer, workload, slots: int, max_tokens: int, quantizat
             "mean_common_prefix": sum(prefixes) / len(prefixes)}
 
 
+def profile_steps(runner, slots: int, contexts=(32, 128, 384), prefills=(0, 32, 128, 256),
+                  repeats: int = 5) -> list[dict]:
+    """Median forward time of each step shape: `rows` rows, of which one is a prefill chunk of `p` prompt
+    tokens (when p > 0) and the rest decode one token at context `ctx`."""
+    rows_options = sorted({r for r in (1, 2, 4, slots) if r <= slots})
+    out = []
+    for rows in rows_options:
+        for ctx in contexts:
+            for p in prefills:
+                decodes = rows - 1 if p else rows
+                chunks = [Chunk(i, [1], ctx, True) for i in range(decodes)]
+                if p:
+                    chunks.append(Chunk(decodes, [1] * p, 0, True))
+                runner.forward(chunks)  # warm this shape
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    runner.forward(chunks)
+                    times.append(time.perf_counter() - t0)
+                out.append({"rows": rows, "new_tokens": decodes + p, "context": decodes * (ctx + 1) + p,
+                            "decode_context": ctx, "prefill": p, "seconds": statistics.median(times)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tritonllm-bench-engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,11 +197,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
     parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--profile-steps", metavar="FILE",
+                        help="only time the runner's forward over a grid of step shapes and write them here "
+                             "(the step-cost profile of tritonllm-simulate)")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = resolve_dtype(DTYPES.get(args.dtype, args.dtype), device)  # an explicit --dtype beats TRITONLLM_DTYPE
     model, tokenizer = load_model(args.model, device, dtype)
+    if args.profile_steps:
+        engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=args.slots, max_model_len=1024,
+                                                             max_num_batched_tokens=max(args.budget, args.slots)),
+                           args.quantization)
+        t0 = time.perf_counter()
+        measurements = profile_steps(engine.runner, args.slots)
+        with open(args.profile_steps, "w") as f:
+            json.dump({"model": args.model, "device": device, "dtype": dtype_name(dtype),
+                       "quantization": args.quantization, "slots": args.slots, "threads": torch.get_num_threads(),
+                       "measurements": measurements}, f, indent=2)
+        print(f"{len(measurements)} step shapes timed in {time.perf_counter() - t0:.0f} s -> {args.profile_steps}")
+        return 0
     workload = make_workload(args.requests, args.output_tokens, args.prompt_words, args.seed)
     print(f"model={args.model} dtype={dtype_name(dtype)} ({args.dtype}) quantization={args.quantization} "
           f"device={device} requests={args.requests} "

@@ -1,0 +1,182 @@
+"""The simulator (loadtest/simulator.py): the step-cost fit, and the three schemes driven by the real
+schedulers on a profile measured from the tiny model, checked for the invariants a simulation must keep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tritonllm_loadtest.samples import Sample, SampleWriter
+from tritonllm_loadtest.simulate import RequestSource, run_scheme, validate
+from tritonllm_loadtest.simulator import (BatchedReplica, BatcherConfig, InflightReplica, SimRequest,
+                                          batcher_config, engine_config, simulate)
+from tritonllm_loadtest.step_cost import StepCost
+from tritonllm_loadtest.summary import RunInfo
+from tritonllm_loadtest.workload import Workload
+
+
+def test_step_cost_interpolates_the_measured_grid():
+    def seconds(rows, ctx, p):  # a made-up machine: 10 ms a step, 1 ms a row, 0.5 ms a prompt token
+        return 0.010 + 0.001 * rows + 0.0005 * p + 0.00001 * ctx
+    grid = [{"rows": r, "decode_context": c, "prefill": p, "seconds": seconds(r, c, p)}
+            for r in (1, 2, 4, 8) for c in (32, 384) for p in (0, 32, 256)]
+    cost = StepCost.from_measurements(grid)
+    assert cost.seconds_for(4, 32, 32) == pytest.approx(seconds(4, 32, 32))  # a measured point
+    assert cost.seconds_for(3, 100, 200) == pytest.approx(seconds(3, 200, 100))  # between points
+    assert cost.seconds_for(12, 512, 32) == pytest.approx(seconds(12, 32, 512))  # past the edges: linear
+    assert cost.scaled(2.0).seconds_for(8, 0, 384) == pytest.approx(2 * seconds(8, 384, 0))
+    with pytest.raises(ValueError, match="full grid"):
+        StepCost.from_measurements(grid[:-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tmp_path_factory) -> Path:
+    """The tiny model's step costs, measured by the real command."""
+    path = tmp_path_factory.mktemp("profile") / "tiny.json"
+    proc = subprocess.run([sys.executable, "-m", "tritonllm.benchmark", "--model", "tiny", "--dtype", "float32",
+                           "--profile-steps", str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return path
+
+
+@pytest.fixture(scope="module")
+def cost(tiny_profile) -> StepCost:
+    data = json.loads(tiny_profile.read_text())
+    assert data["model"] == "tiny" and len(data["measurements"]) >= 30
+    assert {m["rows"] for m in data["measurements"]} == {1, 2, 4, 8}
+    return StepCost.load(tiny_profile)
+
+
+def test_the_profile_prices_bigger_steps_higher(cost):
+    assert cost.seconds_for(8, 8 + 256, 8 * 385 + 256) > cost.seconds_for(1, 1, 33) > 0
+
+
+@pytest.fixture(scope="module")
+def source() -> RequestSource:
+    return RequestSource(Workload(output_tokens="exp:24:96"))  # prompt tokens ≈ 1.3 x words (no tokenizer)
+
+
+def _by_replica(reqs):
+    groups = defaultdict(list)
+    for r in reqs:
+        groups[r.replica].append(r)
+    return groups
+
+
+@pytest.mark.parametrize("scheme", ["inflight", "dynamic", "static"])
+@pytest.mark.parametrize("replicas,routing", [(1, "least-loaded"), (3, "round-robin"), (3, "least-loaded")])
+def test_every_request_is_answered_once_in_arrival_order(scheme, replicas, routing, cost, source):
+    reqs = source.open_loop(rate=40.0, n=300, seed=1)
+    done, reps = run_scheme(scheme, reqs, cost, replicas, routing)
+    assert len(done) == 300 and {r.index for r in done} == set(range(300))
+    for r in done:
+        assert not r.rejected and r.arrival <= r.started <= r.first_token <= r.end, r
+    assert all(rep.load == 0 and rep.next_event() == float("inf") for rep in reps)  # nothing left anywhere
+    assert {r.replica for r in done} == set(range(replicas))
+    for group in _by_replica(done).values():  # first come, first served on every replica
+        by_arrival = sorted(group, key=lambda r: (r.arrival, r.index))
+        starts = [r.started for r in by_arrival]
+        assert starts == sorted(starts)
+    if routing == "round-robin":
+        assert [r.replica for r in sorted(done, key=lambda r: r.index)][:6] == [0, 1, 2, 0, 1, 2]
+
+
+def test_tokens_are_conserved_and_each_request_gets_its_own(cost, source):
+    """The in-flight replica's scheduler produces exactly max_tokens per request, no more in total."""
+    config, _ = engine_config()
+    replica = InflightReplica(config, cost)
+    produced = defaultdict(int)
+    original = replica.advance
+
+    def counting(now):
+        for c in replica.chunks:
+            if c.samples:
+                produced[c.seq.request_id] += 1
+        return original(now)
+    replica.advance = counting
+    reqs = source.open_loop(rate=30.0, n=120, seed=2)
+    simulate(reqs, [replica])
+    assert sum(produced.values()) == sum(r.max_tokens for r in reqs)
+    assert all(produced[str(r.index)] == r.max_tokens for r in reqs)
+
+
+def test_static_batches_are_full_or_waited_out_their_delay(cost, source):
+    batcher = batcher_config("llm_static")
+    assert (batcher.max_batch_size, batcher.preferred_batch_size, batcher.max_queue_delay_s) == (8, 8, 5.0)
+    reqs = source.open_loop(rate=2.0, n=50, seed=3)
+    done, _ = run_scheme("static", reqs, cost)
+    batches = defaultdict(list)
+    for r in done:
+        batches[r.started].append(r)
+    for started, members in batches.items():
+        oldest = min(r.arrival for r in members)
+        assert len(members) == 8 or started >= oldest + 5.0 - 1e-9, (len(members), started - oldest)
+        assert len({r.end for r in members}) == 1  # answered together at the batch's end
+    assert any(len(m) < 8 for m in batches.values())  # the last requests never make a full batch
+
+
+def test_dynamic_batcher_dispatches_after_its_window(cost, source):
+    batcher = batcher_config("llm_dynamic")
+    assert (batcher.max_batch_size, batcher.preferred_batch_size, batcher.max_queue_delay_s) == (8, None, 0.05)
+    lone = [SimRequest(0, 1.0, 10, 5)]
+    done, _ = run_scheme("dynamic", lone, cost)
+    assert done[0].started == pytest.approx(1.05)  # a lone request waits out the 50 ms window
+
+
+def test_a_full_queue_refuses_at_once(cost):
+    replica = BatchedReplica(BatcherConfig(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=2), cost)
+    reqs = [SimRequest(0, 0.0, 10, 50)] + [SimRequest(i, 0.001, 10, 50) for i in range(1, 6)]
+    done = simulate(reqs, [replica])  # request 0 runs alone; 1 and 2 queue behind it; 3-5 find the queue full
+    refused = [r for r in done if r.rejected]
+    assert [r.index for r in refused] == [3, 4, 5] and all(r.end == 0.001 and r.e2e is None for r in refused)
+    assert all(r.e2e > 0 for r in done if not r.rejected)
+
+
+def test_closed_loop_keeps_its_users_busy_and_no_more(cost, source):
+    first = [source.make(i, 0.0) for i in range(4)]
+    done, _ = run_scheme("inflight", first, cost, users=4, source=source, total=20)
+    assert sorted(r.index for r in done) == list(range(20))
+    events = sorted([(r.arrival, 1) for r in done] + [(r.end, -1) for r in done], key=lambda e: (e[0], e[1]))
+    outstanding = peak = 0
+    for _, delta in events:
+        outstanding += delta
+        peak = max(peak, outstanding)
+    assert peak == 4
+
+
+def test_simulation_is_deterministic_and_in_flight_waits_less_under_load(cost, source):
+    runs = {}
+    for scheme in ("inflight", "dynamic"):
+        a, _ = run_scheme(scheme, source.open_loop(60.0, 200, 4), cost)
+        b, _ = run_scheme(scheme, source.open_loop(60.0, 200, 4), cost)
+        assert [(r.first_token, r.end) for r in a] == [(r.first_token, r.end) for r in b]
+        runs[scheme] = sum(r.e2e / r.max_tokens for r in a) / len(a)
+    assert runs["inflight"] < runs["dynamic"]
+
+
+def test_validation_calibrates_on_the_closed_loop_and_predicts_each_point(tmp_path, cost, source):
+    """A results directory as tritonllm-compare writes it (samples made up; the code path is real)."""
+    work = source.workload
+    for name, scheme, rate, n in (("inflight-c8", "inflight", 0.0, 16), ("inflight-r20", "inflight", 20.0, 30)):
+        run_dir = tmp_path / "runs" / name
+        run_dir.mkdir(parents=True)
+        RunInfo(name, scheme, "llm_inflight", protocol="grpc-stream", concurrency=8 if not rate else 96,
+                arrival_rate=rate, max_requests=n).save(run_dir)
+        writer = SampleWriter(run_dir / "samples.jsonl")
+        for i in range(n):
+            tokens = work.request(i).max_tokens
+            writer.write(Sample("llm_inflight", "U", "grpc-stream", i, start=100.0 + 0.05 * i, ttft=0.01,
+                                e2e=0.002 * tokens + 0.01, output_tokens=tokens, expected_tokens=tokens))
+        writer.close()
+    v = validate(tmp_path, cost, source, seed=0)
+    assert v["schemes"]["inflight"]["scale"] > 0
+    (point,) = v["points"]
+    assert point["rate"] == 20.0 and point["requests"] == 30
+    for metric in ("tokens_per_s", "ttft_p50", "e2e_p90"):
+        m = point[metric]
+        assert m["predicted"] > 0 and m["error"] == pytest.approx((m["predicted"] - m["measured"]) / m["measured"])
