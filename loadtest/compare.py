@@ -463,14 +463,15 @@ def main(argv: list[str] | None = None) -> int:
                               price_per_hour=args.price_per_hour,
                               ideal_ratio={users: workload.ideal_inflight_ratio(args.max_requests, users)
                                            for users in args.concurrency} if args.max_requests else {})
-    settings.save(out)
     sweep = (f" Open-loop points: {args.point_time:g} s of arrivals (at least {args.point_min_requests} requests), "
              f"at most {args.drain_time:g} s more to drain, ≤{args.max_users} requests in flight." if rates else "")
     notes = [f"Command: `{command}`", "", target.note, "",
              f"Each scheme ran with the same requests (seed {args.seed}) over {args.protocol}; closed-loop runs: at "
              f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s.{sweep} Total wall time "
              f"{time.monotonic() - t_start:.0f} s."]
-    report = build_report(out, notes=notes, settings=settings)
+    settings.notes = notes
+    settings.save(out)
+    report = build_report(out, settings=settings)
     _print_summary(out)
     log(f"report: {report.resolve()}")
     # The verdict: the closed-loop point (or, without one, every point) must answer; past saturation the

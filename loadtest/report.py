@@ -40,6 +40,7 @@ class ReportSettings:
     slo_e2e_p90_s: float | None = None
     price_per_hour: float | None = None
     ideal_ratio: dict[int, float] = field(default_factory=dict)  # closed-loop users -> in-flight's ideal gain
+    notes: list[str] = field(default_factory=list)  # the command, the server, the wall time: kept for rebuilds
 
     def save(self, results_dir: Path) -> None:
         (Path(results_dir) / "settings.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -432,6 +433,7 @@ def plot_sweep(points: list[RunSummary], slo: Slo | None, path: Path) -> Path | 
                            s=120, facecolors="none", edgecolors=color)
         if what in ("ttft", "e2e_p90", "normalized_latency", "queue_wait_s"):
             ax.set_yscale("log")
+        ax.set_xscale("log")  # the auto sweep's rates double
         if slo is not None and what == "e2e_p90":
             ax.axhline(slo.e2e_p90_s, color="black", linestyle=":", label="SLO")
         if slo is not None and what == "normalized_latency":
@@ -483,7 +485,7 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
     md = [f"# {title}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from `{results_dir}`.", ""]
     if workloads:
         md += ["Workload: " + "; ".join(workloads), ""]
-    md += [*(notes or []), "", "## Headline", "", *_headline(closed, sweep, settings), "",
+    md += [*(notes or settings.notes), "", "## Headline", "", *_headline(closed, sweep, settings), "",
            "Waste = 1 − slot utilisation (Δgeneration tokens / Δ(slots × steps)): rows computed for finished "
            "requests kept as padding and idle slots. Core-seconds: CPU time of the server's processes during the "
            "run (known when this command started the server). Cost: the machine's price per hour over the "

@@ -233,7 +233,8 @@ def plan_markdown(result: dict) -> list[str]:
                                                        next(iter(result["curves"].values()))) + " |",
           "|---|---:|" + "---:|" * len(next(iter(result["curves"].values())))]
     for scheme, points in result["curves"].items():
-        md.append(f"| {scheme} | {result['replicas_needed'][scheme]} | "
+        needed = result["replicas_needed"][scheme]
+        md.append(f"| {scheme} | {needed if needed is not None else 'never: no rate met the SLO'} | "
                   + " | ".join(f"{p['capacity_rps']:.3g}" for p in points) + " |")
     if any(p["cost_per_million"] is not None for pts in result["curves"].values() for p in pts):
         md += ["", "| scheme | cost per million output tokens at capacity, by replicas |", "|---|---|"]
