@@ -416,24 +416,29 @@ def plot_sweep(points: list[RunSummary], slo: Slo | None, path: Path) -> Path | 
               ("normalized_latency", "Normalized latency (s per output token)"),
               ("tokens_per_s", "Achieved output tokens/s"), ("queue_wait_s", "Mean queue wait (s)"),
               ("slot_utilisation", "Slot utilisation")]
+    log_panels = ("ttft", "e2e_p90", "normalized_latency", "queue_wait_s")
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (what, title) in zip(axes.flat, panels):
+        plotted = False  # log axes need a value to show (all None or, on a log axis, 0: a plain axis)
         for scheme in _schemes(points):
             mine = sorted((s for s in points if s.scheme == scheme), key=lambda s: s.arrival_rate)
             xs = [s.arrival_rate for s in mine]
             color = COLORS.get(scheme, "tab:gray")
+            def ys(attr, runs):
+                return [_nan(getattr(s, attr), above_zero=what in log_panels) for s in runs]
+            series = [ys("ttft_p50", mine), ys("ttft_p90", mine)] if what == "ttft" else [ys(what, mine)]
+            plotted = plotted or any(y == y for values in series for y in values)  # nan != nan
+            ax.plot(xs, series[0], marker="o", color=color, label=scheme)
             if what == "ttft":
-                ax.plot(xs, [_nan(s.ttft_p50) for s in mine], marker="o", color=color, label=scheme)
-                ax.plot(xs, [_nan(s.ttft_p90) for s in mine], marker="x", linestyle="--", color=color)
-            else:
-                ax.plot(xs, [_nan(getattr(s, what)) for s in mine], marker="o", color=color, label=scheme)
+                ax.plot(xs, series[1], marker="x", linestyle="--", color=color)
             missed = [s for s in mine if slo is not None and not slo.met(s)]
             if what != "ttft" and missed:
-                ax.scatter([s.arrival_rate for s in missed], [_nan(getattr(s, what)) for s in missed],
-                           s=120, facecolors="none", edgecolors=color)
-        if what in ("ttft", "e2e_p90", "normalized_latency", "queue_wait_s"):
-            ax.set_yscale("log")
-        ax.set_xscale("log")  # the auto sweep's rates double
+                ax.scatter([s.arrival_rate for s in missed], ys(what, missed), s=120, facecolors="none",
+                           edgecolors=color)
+        if plotted:
+            ax.set_xscale("log")  # the auto sweep's rates double
+            if what in log_panels:
+                ax.set_yscale("log")
         if slo is not None and what == "e2e_p90":
             ax.axhline(slo.e2e_p90_s, color="black", linestyle=":", label="SLO")
         if slo is not None and what == "normalized_latency":
@@ -449,8 +454,11 @@ def plot_sweep(points: list[RunSummary], slo: Slo | None, path: Path) -> Path | 
     return path
 
 
-def _nan(value):
-    return np.nan if value is None or (isinstance(value, float) and math.isinf(value)) else value
+def _nan(value, above_zero: bool = False):
+    """A plottable number: nan for none, infinity, or (on a log axis) zero."""
+    if value is None or (isinstance(value, float) and math.isinf(value)) or (above_zero and value <= 0):
+        return np.nan
+    return value
 
 
 def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: in-flight vs dynamic vs static",
