@@ -81,25 +81,53 @@ class Predicted:
                    float(np.mean([r.e2e / r.max_tokens for r in ok])) if ok else None)
 
 
+@dataclass
+class Calibration:
+    """How the served system differs from the profile, per scheme: a factor on every step, and a fixed
+    time each request spends outside the engine (client, gRPC, Triton, the stub, the response)."""
+
+    scale: float = 1.0
+    overhead_s: float = 0.0
+
+    @classmethod
+    def of(cls, row: dict) -> "Calibration":
+        return cls(row.get("scale", 1.0), row.get("overhead_s", 0.0))
+
+
 def run_scheme(scheme: str, reqs: list[SimRequest], cost: StepCost, replicas: int = 1, routing: str = "least-loaded",
-               users: int = 0, source: RequestSource | None = None, total: int = 0) -> tuple[list[SimRequest], list]:
-    """Simulate requests (open loop), or `users` closed-loop users over `total` requests from `source`."""
+               users: int = 0, source: RequestSource | None = None, total: int = 0,
+               overhead_s: float = 0.0) -> tuple[list[SimRequest], list]:
+    """Simulate requests (open loop), or `users` closed-loop users over `total` requests from `source`;
+    `overhead_s` is added to what each client sees (first token and end)."""
     reps = make_replicas(scheme, replicas, cost)
     on_done = None
     if users:
         on_done = closed_loop(reqs, lambda i, now: source.make(i, now) if i < total else None)
-    return simulate(reqs, reps, routing, on_done), reps
+    done = simulate(reqs, reps, routing, on_done)
+    for r in done:
+        if r.end is not None and not r.rejected:
+            r.first_token += overhead_s
+            r.end += overhead_s
+    return done, reps
 
 
-def calibrate(scheme: str, closed: RunSummary, info: RunInfo, cost: StepCost, source: RequestSource) -> float:
-    """The factor that makes the simulated closed-loop run last as long as the measured one."""
+def calibrate(scheme: str, closed: RunSummary, info: RunInfo, cost: StepCost, source: RequestSource) -> Calibration:
+    """On the closed-loop run: the step factor that makes the simulated run as fast as the measured one, then
+    the per-request overhead that makes its median first token (end, for the batching models) as late."""
     users, total = info.concurrency, info.max_requests
-    first = [source.make(i, 0.0) for i in range(min(users, total))]
-    reqs, _ = run_scheme(scheme, first, cost, users=users, source=source, total=total)
-    predicted = Predicted.of(reqs)
+
+    def closed_loop_run(c: StepCost) -> Predicted:
+        first = [source.make(i, 0.0) for i in range(min(users, total))]
+        return Predicted.of(run_scheme(scheme, first, c, users=users, source=source, total=total)[0])
+
+    predicted = closed_loop_run(cost)
     if not closed.tokens_per_s or not predicted.tokens_per_s:
-        return 1.0
-    return predicted.tokens_per_s / closed.tokens_per_s
+        return Calibration()
+    scale = predicted.tokens_per_s / closed.tokens_per_s
+    scaled = closed_loop_run(cost.scaled(scale))
+    overhead = (closed.ttft_p50 - scaled.ttft_p50) if closed.ttft_p50 is not None and scaled.ttft_p50 is not None \
+        else 0.0
+    return Calibration(scale, max(0.0, overhead))
 
 
 def _err(pred, meas) -> float | None:
@@ -113,13 +141,14 @@ def validate(results: Path, cost: StepCost, source: RequestSource, seed: int) ->
     for scheme in SCHEMES:
         mine = [(info, s) for info, _, _, s in runs if info.scheme == scheme]
         closed = [(info, s) for info, s in mine if not info.arrival_rate]
-        scale = calibrate(scheme, closed[0][1], closed[0][0], cost, source) if closed else 1.0
-        scaled = cost.scaled(scale)
-        out["schemes"][scheme] = {"scale": scale}
+        cal = calibrate(scheme, closed[0][1], closed[0][0], cost, source) if closed else Calibration()
+        scaled = cost.scaled(cal.scale)
+        out["schemes"][scheme] = asdict(cal)
         for info, s in sorted(mine, key=lambda x: x[0].arrival_rate):
             if not info.arrival_rate:
                 continue
-            reqs, _ = run_scheme(scheme, source.open_loop(info.arrival_rate, info.max_requests, seed), scaled)
+            reqs, _ = run_scheme(scheme, source.open_loop(info.arrival_rate, info.max_requests, seed), scaled,
+                                 overhead_s=cal.overhead_s)
             p = Predicted.of(reqs)
             point = {"scheme": scheme, "rate": info.arrival_rate, "requests": info.max_requests}
             for name in ("tokens_per_s", "ttft_p50", "ttft_p90", "e2e_p90", "normalized_latency"):
@@ -136,11 +165,12 @@ def validate(results: Path, cost: StepCost, source: RequestSource, seed: int) ->
 
 def validation_markdown(v: dict) -> list[str]:
     md = [f"Profile: {v['profile']}. Results: `{v['results']}`.", "",
-          "| scheme | calibration (× profile step time) | median |error| over the points' tok/s, TTFT p50/p90, e2e p90 |",
+          "| scheme | calibration (on the closed-loop run) | median |error| over the points' tok/s, TTFT p50/p90, e2e p90 |",
           "|---|---:|---:|"]
     for scheme, row in v["schemes"].items():
         err = row.get("median_abs_error")
-        md.append(f"| {scheme} | {row['scale']:.3g} | {'–' if err is None else f'{err:.1%}'} |")
+        md.append(f"| {scheme} | {row['scale']:.3g} × step, +{row['overhead_s'] * 1000:.0f} ms per request | "
+                  f"{'–' if err is None else f'{err:.1%}'} |")
     md += ["", "| scheme | offered (req/s) | tok/s pred / meas | TTFT p50 (s) | TTFT p90 (s) | e2e p90 (s) | "
            "norm. latency (s/tok) |", "|---|---:|---|---|---|---|---|"]
 
@@ -173,11 +203,11 @@ def meets(reqs: list[SimRequest], normalized_s: float, e2e_p90_s: float) -> bool
 
 
 def capacity_for(scheme: str, replicas: int, cost: StepCost, source: RequestSource, slo: tuple[float, float],
-                 seconds: float, seed: int, routing: str, hint: float) -> tuple[float, float | None]:
+                 seconds: float, seed: int, routing: str, hint: float, overhead_s: float = 0.0) -> tuple[float, float | None]:
     """Bisection on the offered rate: the highest that meets the SLO over `seconds` of arrivals."""
     def ok(rate: float) -> tuple[bool, float | None]:
         n = max(20, round(rate * seconds))
-        reqs, _ = run_scheme(scheme, source.open_loop(rate, n, seed), cost, replicas, routing)
+        reqs, _ = run_scheme(scheme, source.open_loop(rate, n, seed), cost, replicas, routing, overhead_s=overhead_s)
         return meets(reqs, *slo), Predicted.of(reqs).tokens_per_s
 
     # A ladder of rates up from well below the hint: static batching can miss the SLO at low rates (its
@@ -204,16 +234,17 @@ def capacity_for(scheme: str, replicas: int, cost: StepCost, source: RequestSour
     return lo, tps
 
 
-def plan(cost_by_scheme: dict[str, StepCost], source: RequestSource, slo: tuple[float, float], rate: float,
+def plan(cost: StepCost, calibrations: dict[str, Calibration], source: RequestSource, slo: tuple[float, float], rate: float,
          max_replicas: int, price_per_hour: float | None, seconds: float, seed: int, routing: str) -> dict:
     counts = [1]
     while counts[-1] < max_replicas:
         counts.append(min(counts[-1] * 2, max_replicas))
     curves, needed = {}, {}
-    for scheme, cost in cost_by_scheme.items():
+    for scheme, cal in calibrations.items():
         points, hint = [], 1.0
         for r in counts:
-            cap, tps = capacity_for(scheme, r, cost, source, slo, seconds, seed, routing, hint)
+            cap, tps = capacity_for(scheme, r, cost.scaled(cal.scale), source, slo, seconds, seed, routing, hint,
+                                    cal.overhead_s)
             hint = max(cap, 0.05) * 2
             money = (price_per_hour * r / 3600 / tps * 1e6) if price_per_hour is not None and tps else None
             points.append(PlanPoint(scheme, r, cap, tps, money))
@@ -290,18 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     md, result = ["# Simulation", ""], {}
     print(f"step costs interpolated from {len(profile['measurements'])} measured shapes ({cost.source})")
-    scales = {s: args.scale for s in schemes}
+    calibrations = {s: Calibration(args.scale) for s in schemes}
     if args.validate:
         v = validate(args.validate, cost, source, args.seed)
         result["validation"] = v
-        scales = {s: v["schemes"][s]["scale"] for s in schemes if s in v["schemes"]}
+        calibrations = {s: Calibration.of(v["schemes"][s]) for s in schemes if s in v["schemes"]}
         md += ["## Validation: predicted / measured", "", *validation_markdown(v), ""]
     elif args.calibration:
         saved = json.loads(args.calibration.read_text())["validation"]["schemes"]
-        scales = {s: saved[s]["scale"] for s in schemes}
+        calibrations = {s: Calibration.of(saved[s]) for s in schemes}
     if args.rate:
         slo = _planning_slo(args)
-        r = plan({s: cost.scaled(scales[s]) for s in schemes}, source, slo, args.rate, args.max_replicas,
+        r = plan(cost, calibrations, source, slo, args.rate, args.max_replicas,
                  args.price_per_hour, args.plan_seconds, args.seed, args.routing)
         result["plan"] = r
         md += ["## Planning", "", *plan_markdown(r), ""]

@@ -174,7 +174,7 @@ def test_validation_calibrates_on_the_closed_loop_and_predicts_each_point(tmp_pa
                                 e2e=0.002 * tokens + 0.01, output_tokens=tokens, expected_tokens=tokens))
         writer.close()
     v = validate(tmp_path, cost, source, seed=0)
-    assert v["schemes"]["inflight"]["scale"] > 0
+    assert v["schemes"]["inflight"]["scale"] > 0 and v["schemes"]["inflight"]["overhead_s"] >= 0
     (point,) = v["points"]
     assert point["rate"] == 20.0 and point["requests"] == 30
     for metric in ("tokens_per_s", "ttft_p50", "e2e_p90"):
