@@ -30,14 +30,20 @@ def step_shape(chunks) -> tuple[int, int, int]:
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
-    """Piecewise linear through (xs, ys), extended linearly past both ends."""
+    """Piecewise linear through (xs, ys), extended past both ends along the end segments, never downhill
+    (more work does not cost less: a noisy end segment must not extrapolate to nothing)."""
     if len(xs) == 1:
         return ys[0]
     i = 1
     while i < len(xs) - 1 and x > xs[i]:
         i += 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    slope = (y1 - y0) / (x1 - x0)
+    if x > xs[-1]:
+        return y1 + max(slope, 0.0) * (x - x1)
+    if x < xs[0]:
+        return y0 - max(slope, 0.0) * (x0 - x)
+    return y0 + slope * (x - x0)
 
 
 @dataclass(frozen=True)
