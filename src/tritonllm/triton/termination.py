@@ -15,16 +15,20 @@ import logging
 import os
 import signal
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
+PARENT_POLL_S = 0.5
 
 
 def on_termination(callback: Callable[[], None]) -> bool:
     """Run `callback` in a new thread when this process gets SIGTERM or SIGINT.
 
-    The process keeps running: the server decides when it ends. Returns False (and listens to
-    nothing) when not called from the main thread, where Python allows signal handlers.
+    The process keeps running: the server decides when it ends, by unloading the model. If the
+    server is gone instead (killed while it waited), nothing would end this process any more, so
+    it then exits by itself. Returns False (and listens to nothing) when not called from the main
+    thread, where Python allows signal handlers.
     """
     if threading.current_thread() is not threading.main_thread():
         log.warning("not on the main thread: SIGTERM will not end open requests early")
@@ -37,9 +41,15 @@ def on_termination(callback: Callable[[], None]) -> bool:
         signal.signal(sig, lambda *_: None)
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
+    parent = os.getppid()
+
     def wait() -> None:
         os.read(read_fd, 1)
         callback()
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        log.warning("the server that started this process is gone: exiting")
+        os._exit(0)
 
     threading.Thread(target=wait, name="termination", daemon=True).start()
     return True
