@@ -18,6 +18,7 @@ Triton's statistics), never on a window a busy machine can miss:
 from __future__ import annotations
 
 import json
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
@@ -34,6 +35,7 @@ from tritonclient.utils import InferenceServerException
 
 from tritonllm.engine.faults import hold_prompt
 from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.metric_names import VLLM_NAMES
 
 STATIC_BATCH = 8  # llm_static's preferred (and max) batch size
 SEEDED = {"temperature": 0.8, "seed": 123, "max_tokens": 16}
@@ -548,3 +550,39 @@ def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
         queued = wait_for_metric(triton_server, "tritonllm_request_queue_seconds_total", lambda v: v > queued0,
                                  model=model)
         assert scheduled - scheduled0 == 1 and 0 < queued - queued0 < 5, model
+
+
+# ---------------------------------------------------------------- metric names others read
+
+
+def _series(metrics_text: str, model: str) -> dict[str, float]:
+    """name{labels other than the model's} -> value, for one model's series of a /metrics page."""
+    series = {}
+    for name, labels, value in re.findall(r"^([a-zA-Z0-9_:]+)\{([^}]*)\} (\S+)$", metrics_text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if pairs.pop("model", None) == model or pairs.pop("model_name", None) == model:
+            rest = ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))
+            series[f"{name}{{{rest}}}"] = float(value)
+    return series
+
+
+def test_engine_metrics_are_also_exported_under_vllm_names(triton_server):
+    """Every value in VLLM_NAMES under both names, equal, once a request has finished (histograms
+    compared by count and sum; vLLM's labels: model_name, finished_reason)."""
+    stream_one(triton_server, text_input=PROMPTS[0], sampling_parameters={**GREEDY, "max_tokens": 3})
+    deadline = time.monotonic() + SETTLE
+    while True:
+        series = _series(requests.get(triton_server.metrics_url, timeout=10).text, "llm_inflight")
+        pairs = {}
+        for ours, theirs in VLLM_NAMES.items():
+            for key, value in series.items():
+                if key.startswith((ours + "{", ours + "_count{", ours + "_sum{")):
+                    twin = theirs + key[len(ours):].replace("finish_reason=", "finished_reason=")
+                    pairs[key] = (value, series.get(twin))
+        named = {key.split("{")[0].removesuffix("_count").removesuffix("_sum") for key in pairs}
+        if (named == set(VLLM_NAMES) and all(a == b for a, b in pairs.values())) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert named == set(VLLM_NAMES), f"not exported: {set(VLLM_NAMES) - named}"
+    assert all(a == b for a, b in pairs.values()), {k: v for k, v in pairs.items() if v[0] != v[1]}
+    assert series["vllm:request_success_total{finished_reason=length}"] >= 1

@@ -5,12 +5,17 @@ scraper gets rates (tokens/s) and slot utilisation of every scheme over any wind
 d(generation_tokens) / d(slot_steps); 1 minus that is the share of computed rows that was waste
 (padding rows of finished requests, idle slots). `llm_inflight` adds gauges and latency
 histograms, updated from its sender thread, never from the engine's stepping thread.
+
+The same values go out under the names vLLM exports too (`vllm:num_requests_waiting`, ... with a
+`model_name` label), so that dashboards, autoscalers and routers written for vLLM read these
+models unchanged (`VLLM_NAMES`).
 """
 
 from __future__ import annotations
 
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sequence import RequestOutput
+from tritonllm.metric_names import VLLM_LABELS, VLLM_NAMES
 from tritonllm.models import dtype_name
 from tritonllm.triton.pb import pb_utils
 
@@ -30,6 +35,25 @@ def export_model_info(model_name: str, engine: LLMEngine) -> list:
                                    "device": runner.device.type, "quantization": runner.quantization})
     metric.set(1)
     return [family, metric]
+
+
+class _Twins:
+    """One of our metrics and its vLLM-named twin, updated together."""
+
+    def __init__(self, *metrics):
+        self.metrics = metrics
+
+    def set(self, value) -> None:
+        for m in self.metrics:
+            m.set(value)
+
+    def increment(self, value) -> None:
+        for m in self.metrics:
+            m.increment(value)
+
+    def observe(self, value) -> None:
+        for m in self.metrics:
+            m.observe(value)
 
 
 class EngineCounters:
@@ -54,10 +78,23 @@ class EngineCounters:
         self.seen = {name: 0 for name in self.counters}
         self.info = export_model_info(model_name, engine)
 
+    def _family(self, name, description, kind) -> list:
+        """Our family and, where vLLM has one alike, its twin: families must outlive their metrics."""
+        names = [name] + ([VLLM_NAMES[name]] if name in VLLM_NAMES else [])
+        families = [pb_utils.MetricFamily(name=n, description=description, kind=kind) for n in names]
+        self.families += families
+        return families
+
+    @staticmethod
+    def _in_family(families, labels, **options):
+        """A metric of every family given, each with its own label names."""
+        metrics = [families[0].Metric(labels=labels, **options)]
+        metrics += [f.Metric(labels={VLLM_LABELS.get(k, k): v for k, v in labels.items()}, **options)
+                    for f in families[1:]]
+        return metrics[0] if len(metrics) == 1 else _Twins(*metrics)
+
     def _metric(self, name, description, kind, labels, **options):
-        family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
-        self.families.append(family)
-        return family.Metric(labels=labels, **options)
+        return self._in_family(self._family(name, description, kind), labels, **options)
 
     def update(self) -> None:
         stats = self.engine.stats
@@ -76,11 +113,14 @@ class InflightMetrics(EngineCounters):
         self.waiting = self._metric("tritonllm_num_requests_waiting", "Requests waiting for a slot", Family.GAUGE, labels)
         self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
                                  "response (running, waiting or being sent)", Family.GAUGE, labels)
-        self.finished_family = pb_utils.MetricFamily(name="tritonllm_request_finished_total", kind=Family.COUNTER,
-                                                     description="Requests finished, by finish_reason "
-                                                                 "(stop, length, abort: cancelled or shut down, error)")
-        self.families.append(self.finished_family)
+        self.finished_families = self._family("tritonllm_request_finished_total", "Requests finished, by "
+                                              "finish_reason (stop, length, abort: cancelled or shut down, error)",
+                                              Family.COUNTER)
         self.finished = {}  # finish_reason -> counter, made when first seen
+        # (running + waiting) / slots is the replica's saturation: what deploy/k8s's autoscaler watches.
+        self.slots = self._metric("tritonllm_num_slots", "Sequences the engine runs at once (max_num_seqs)",
+                                  Family.GAUGE, labels)
+        self.slots.set(engine.config.max_num_seqs)
         self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache slots in use (0-1)", Family.GAUGE, labels)
         self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
                                         "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
@@ -107,7 +147,7 @@ class InflightMetrics(EngineCounters):
     def observe_finished(self, out: RequestOutput) -> None:
         reason = out.finish_reason or "unknown"
         if reason not in self.finished:
-            self.finished[reason] = self.finished_family.Metric(labels={**self.labels, "finish_reason": reason})
+            self.finished[reason] = self._in_family(self.finished_families, {**self.labels, "finish_reason": reason})
         self.finished[reason].increment(1)
         if self.ttft is None or out.first_token_time is None:
             return
