@@ -8,11 +8,12 @@ that was already running is left as it was.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+from debian_packages import install_missing
 
 PACKAGES = {"dockerd": "docker.io", "docker": "docker.io", "docker-compose": "docker-compose",
             "debootstrap": "debootstrap"}
@@ -24,23 +25,6 @@ def _answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
 
 
-def install_missing() -> None:
-    """apt-get install what the container tests need and this machine lacks (as root)."""
-    missing = sorted({package for tool, package in PACKAGES.items() if shutil.which(tool) is None})
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise RuntimeError(f"the container tests need {', '.join(missing)}: apt-get install them (as root)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-        # A fresh machine may have no package lists yet.
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True)
-        done = subprocess.run(install, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"apt-get install {' '.join(missing)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-
-
 class DockerEngine:
     """Make sure a Docker engine answers; stop() ends only a dockerd that start() started."""
 
@@ -49,7 +33,7 @@ class DockerEngine:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "DockerEngine":
-        install_missing()
+        install_missing(PACKAGES)
         if _answers():
             return self
         with open(self.log_file, "wb") as log:

@@ -233,6 +233,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.stubs: dict[int, str] = {}
         self.ready_seconds: float | None = None
+        self.terminated = False  # SIGTERM sent (a second one could cut Triton's drain short)
 
     @property
     def http_url(self) -> str:
@@ -359,6 +360,13 @@ class TritonServer:
         except OSError:
             return ""
 
+    def terminate(self) -> None:
+        """SIGTERM the process group once and return at once: the server drains, then exits
+        (stop() waits for that)."""
+        if self.process is not None and not self.terminated:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            self.terminated = True
+
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM the process group, then SIGKILL it after ``timeout`` seconds.
 
@@ -371,7 +379,7 @@ class TritonServer:
         if proc is None:
             return
         pgid = proc.pid  # start_new_session: the server leads its own group
-        _signal_group(pgid, signal.SIGTERM)
+        self.terminate()
         try:
             proc.wait(timeout=self.exit_timeout + 10 if timeout is None else timeout)
         except subprocess.TimeoutExpired:
@@ -380,6 +388,7 @@ class TritonServer:
         _signal_group(pgid, signal.SIGKILL)
         proc.wait()
         self.process = None
+        self.terminated = False
         # killpg returns before the targets are gone: wait until the group is empty.
         deadline = time.monotonic() + 5
         while _signal_group(pgid, 0) and time.monotonic() < deadline:

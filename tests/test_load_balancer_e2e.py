@@ -1,0 +1,147 @@
+"""Two replicas behind a real L7 load balancer, on loopback: two tritonservers (tiny model) and
+Debian's nginx with deploy/nginx/tritonllm.conf.template.
+
+Requests spread over both replicas (HTTP and gRPC, balanced per request); `tritonllm-compare`
+runs through the proxy; and a replica stopped in the middle of a Locust run: its in-flight
+requests end with an error, and exactly those are the load test's errors, new requests go to
+the other replica, nothing hangs. Held requests (`[[hold:N]]`, test faults on) make "in flight"
+certain rather than a matter of timing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import start_test_server
+from e2e_clients import SETTLE, TIMEOUT, generate, grpc_infer, metric, stream_one, text_of, wait_for_metric
+from nginx_proxy import NginxProxy
+
+from tritonllm.engine.faults import hold_prompt
+
+REPO = Path(__file__).resolve().parents[1]
+LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
+USERS = 4  # Locust users, each with one held request at a time
+RUNNING = "tritonllm_num_requests_running"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """(proxy, [replica a, replica b]); the last test stops replica a."""
+    work = tmp_path_factory.mktemp("balanced")
+    replicas, proxy = [], None
+    try:
+        for name in ("a", "b"):
+            (work / name).mkdir()
+            replicas.append(start_test_server(work / name))
+        proxy = NginxProxy(work / "nginx", replicas).start()
+        yield proxy, replicas
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        for replica in replicas:
+            replica.stop()
+
+
+def _served(proxy, prefix: str) -> Counter:
+    """Replica that answered (the last one tried) -> requests whose path starts with prefix."""
+    return Counter(upstreams[-1] for upstreams, status, request in proxy.access_log()
+                   if request.split(" ")[1].startswith(prefix) and status == "200")
+
+
+def test_http_and_grpc_requests_spread_over_both_replicas(cluster):
+    proxy, replicas = cluster
+    for i in range(6):
+        response = generate(proxy, "llm_dynamic", text_input=f"Hello {i}", max_tokens=2)
+        assert response.status_code == 200, response.text
+        assert text_of(grpc_infer(proxy, "llm_dynamic", text_input=f"Hi {i}", max_tokens=2))
+    for i in range(4):  # one gRPC stream each: a stream is one call, balanced as a whole
+        assert stream_one(proxy, text_input=f"Hey {i}", max_tokens=2).finals == 1
+    http = _served(proxy, "/v2/models/llm_dynamic/generate")
+    assert set(http) == {r.http_url for r in replicas} and min(http.values()) >= 2, http
+    grpc = _served(proxy, "/inference.GRPCInferenceService/ModelInfer")
+    assert set(grpc) == {r.grpc_url for r in replicas} and min(grpc.values()) >= 2, grpc
+    streams = _served(proxy, "/inference.GRPCInferenceService/ModelStreamInfer")
+    assert set(streams) == {r.grpc_url for r in replicas}, streams
+
+
+def test_compare_runs_through_the_proxy(cluster, tmp_path):
+    proxy, replicas = cluster
+    before = Counter(upstreams[-1] for upstreams, _, _ in proxy.access_log())
+    out = tmp_path / "compare"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never", "--url", proxy.http_url,
+         "--grpc-url", proxy.grpc_url, "--metrics-url", replicas[0].metrics_url, "--quick",
+         "--schemes", "inflight,dynamic", "--concurrency", "2", "--max-requests", "8", "--warmup", "0",
+         "--output-tokens", "fixed:4", "--out", str(out), "--quiet"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert {r["scheme"] for r in runs} == {"inflight", "dynamic"}
+    assert all(r["ok"] == 8 and r["errors"] == 0 for r in runs), [(r["name"], r["ok"], r["errors"]) for r in runs]
+    after = Counter(upstreams[-1] for upstreams, _, _ in proxy.access_log())
+    grew = {replica for replica in after if after[replica] > before[replica]}
+    assert {r.grpc_url for r in replicas} <= grew, (before, after)
+    print("compare through the proxy, calls per replica:",
+          {replica: after[replica] - before[replica] for replica in sorted(grew)},
+          {r["name"]: (r["ok"], r["errors"], round(r["tokens_per_s"], 1)) for r in runs})
+
+
+def test_a_replica_stopped_mid_run_fails_exactly_its_requests(cluster, tmp_path):
+    """Locust's 4 users hold one request each (2 per replica: least_conn). Replica a is stopped
+    (SIGTERM, as Kubernetes does): its 2 requests end with an error after the drain, the users'
+    next requests go to b, Locust counts exactly 2 errors, and its run ends when told."""
+    proxy, (a, b) = cluster
+    prompts = tmp_path / "held.jsonl"
+    prompts.write_text(json.dumps({"id": "held", "prompt": hold_prompt(3, "Tell me a story")}) + "\n")
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(USERS), "-r", str(USERS),
+           "-t", "600s", "--host", f"http://{proxy.http_url}", "--csv", str(tmp_path / "locust"), "--only-summary",
+           "--samples-file", str(tmp_path / "samples.jsonl"), "--prompts-file", str(prompts),
+           "--output-tokens", "fixed:64", "SseStreamUser"]
+    locust = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for replica in (a, b):
+            assert wait_for_metric(replica, RUNNING, lambda v: v == USERS / 2, timeout=TIMEOUT) == USERS / 2
+        on_a = metric(a, RUNNING)
+        t0 = time.monotonic()
+        # SIGTERM: a drains (refuses new work, gives running requests 10 s, ends the rest with
+        # UNAVAILABLE), then exits. New requests meanwhile go to b.
+        a.terminate()
+        during = [generate(proxy, "llm_dynamic", text_input=f"During {i}", max_tokens=2) for i in range(4)]
+        # a's held requests keep it alive through its 10 s grace: these were sent during the drain.
+        assert metric(b, RUNNING) == USERS / 2, "a's held requests ended before the requests during its drain"
+        a.stop()
+        assert [r.status_code for r in during] == [200] * 4, [r.text for r in during]
+        stopped_s = time.monotonic() - t0
+        # The 2 users whose requests a ended send new ones: b now holds all 4.
+        assert wait_for_metric(b, RUNNING, lambda v: v == USERS, timeout=SETTLE) == USERS
+        failover_s = time.monotonic() - t0
+        for i in range(4):  # and plain requests go to b, through the proxy
+            assert generate(proxy, "llm_dynamic", text_input=f"After {i}", max_tokens=2).status_code == 200
+        locust.send_signal(signal.SIGTERM)  # ends the run: the 4 requests held on b are cut off
+        output, _ = locust.communicate(timeout=TIMEOUT)
+    finally:
+        if locust.poll() is None:
+            locust.kill()
+            locust.wait()
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    errors = [s for s in samples if s["error"]]
+    assert len(errors) == on_a == 2, output[-3000:]
+    assert all("shutting down" in s["error"] for s in errors), [s["error"] for s in errors]
+    with open(tmp_path / "locust_stats.csv") as f:
+        e2e = next(row for row in csv.DictReader(f) if row["Name"] == "e2e")
+    assert int(e2e["Failure Count"]) == len(errors), e2e
+    assert len(samples) == len(errors)  # b's 4 never ended by themselves: the run's end cut them off,
+    assert wait_for_metric(b, RUNNING, lambda v: v == 0) == 0  # and b let them go with their connections
+    after = [upstreams for upstreams, status, request in proxy.access_log() if "/llm_dynamic/generate" in request]
+    assert all(upstreams[-1] == b.http_url for upstreams in after[-8:]), after[-8:]  # during and after the drain
+    print(f"replica a stopped in {stopped_s:.1f} s; b held all {USERS} requests {failover_s:.1f} s after the "
+          f"stop; Locust errors {len(errors)} (a had {on_a:.0f} running); requests during the drain: "
+          f"{[r.status_code for r in during]}")
