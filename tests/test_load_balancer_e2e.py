@@ -70,6 +70,8 @@ def test_http_and_grpc_requests_spread_over_both_replicas(cluster):
     assert set(grpc) == {r.grpc_url for r in replicas} and min(grpc.values()) >= 2, grpc
     streams = _served(proxy, "/inference.GRPCInferenceService/ModelStreamInfer")
     assert set(streams) == {r.grpc_url for r in replicas}, streams
+    print(f"per replica: HTTP generate {sorted(http.values())}, gRPC infer {sorted(grpc.values())}, "
+          f"gRPC streams {sorted(streams.values())}")
 
 
 def test_compare_runs_through_the_proxy(cluster, tmp_path):
