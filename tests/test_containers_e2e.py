@@ -5,7 +5,8 @@ workers in containers, and the comparison as a one-shot service; then `docker-co
 
 Ports are published on 127.0.0.1 only (free ones); no traffic leaves the machine. The base image
 and the wheelhouse are cached by content hash, and Docker's layer cache keeps the image builds,
-so a second run takes minutes. A dockerd that the test had to start is stopped at the end.
+so a second run takes minutes; untagged images of earlier builds are pruned, so the disk holds
+one build's. A dockerd that the test had to start is stopped at the end.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def project(tmp_path_factory):
     test started it) at the end."""
     work = tmp_path_factory.mktemp("containers")
     engine = DockerEngine(work / "dockerd.log").start()
+    started = int(time.time())
     try:
         base = _run([DOCKER_DIR / "make-base-image.sh"]).stdout.strip().splitlines()[-1]
         _run([DOCKER_DIR / "make-wheelhouse.sh", DOCKER_DIR / "wheels"])
@@ -104,6 +106,9 @@ def project(tmp_path_factory):
         finally:
             (work / "compose.log").write_text(project.logs())
             project.compose("down", "-v", "--remove-orphans", "-t", "30", timeout=600, check=False)
+            # Untagged images of earlier builds (this build's stay: the next run's layer cache).
+            _run(["docker", "image", "prune", "-f", "--filter", "label=tritonllm.image",
+                  "--filter", f"until={started}"], timeout=600, check=False)
     finally:
         engine.stop()
 

@@ -2,16 +2,18 @@
 Debian's nginx with deploy/nginx/tritonllm.conf.template.
 
 Requests spread over both replicas (HTTP and gRPC, balanced per request); `tritonllm-compare`
-runs through the proxy; and a replica stopped in the middle of a Locust run: its in-flight
-requests end with an error, and exactly those are the load test's errors, new requests go to
-the other replica, nothing hangs. Held requests (`[[hold:N]]`, test faults on) make "in flight"
+runs through the proxy; and a replica stopped in the middle of a Locust run (SIGTERM: drained;
+SIGKILL: crashed): its in-flight requests end with an error, exactly those are the load test's
+errors, new requests go to the other replica, nothing hangs. Held requests (`[[hold:N]]`, test faults on) make "in flight"
 certain rather than a matter of timing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -32,10 +34,9 @@ USERS = 4  # Locust users, each with one held request at a time
 RUNNING = "tritonllm_num_requests_running"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """(proxy, [replica a, replica b]); the last test stops replica a."""
-    work = tmp_path_factory.mktemp("balanced")
+@contextlib.contextmanager
+def _balanced(work: Path):
+    """Replicas a and b (tiny model, test faults on) behind nginx: (proxy, [a, b]); all stopped after."""
     replicas, proxy = [], None
     try:
         for name in ("a", "b"):
@@ -48,6 +49,19 @@ def cluster(tmp_path_factory):
             proxy.stop()
         for replica in replicas:
             replica.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with _balanced(tmp_path_factory.mktemp("balanced")) as balanced:
+        yield balanced
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path_factory):
+    """A pair of its own, for a test that stops one."""
+    with _balanced(tmp_path_factory.mktemp("failover")) as balanced:
+        yield balanced
 
 
 def _served(proxy, prefix: str) -> Counter:
@@ -96,11 +110,14 @@ def test_compare_runs_through_the_proxy(cluster, tmp_path):
           {r["name"]: (r["ok"], r["errors"], round(r["tokens_per_s"], 1)) for r in runs})
 
 
-def test_a_replica_stopped_mid_run_fails_exactly_its_requests(cluster, tmp_path):
-    """Locust's 4 users hold one request each (2 per replica: least_conn). Replica a is stopped
-    (SIGTERM, as Kubernetes does): its 2 requests end with an error after the drain, the users'
-    next requests go to b, Locust counts exactly 2 errors, and its run ends when told."""
-    proxy, (a, b) = cluster
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_replica_stopped_mid_run_fails_exactly_its_requests(fresh_cluster, tmp_path, how):
+    """Locust's 4 users hold one request each (2 per replica: least_conn). Replica a is stopped,
+    with SIGTERM as Kubernetes does (it drains: its requests end with an error after 10 s) or
+    SIGKILL as a crash does (its streams are cut at once). Either way exactly its 2 requests are
+    Locust's errors, requests sent meanwhile and the users' next ones go to b, and the run ends
+    when told."""
+    proxy, (a, b) = fresh_cluster
     prompts = tmp_path / "held.jsonl"
     prompts.write_text(json.dumps({"id": "held", "prompt": hold_prompt(3, "Tell me a story")}) + "\n")
     cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", str(USERS), "-r", str(USERS),
@@ -113,12 +130,13 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(cluster, tmp_path)
             assert wait_for_metric(replica, RUNNING, lambda v: v == USERS / 2, timeout=TIMEOUT) == USERS / 2
         on_a = metric(a, RUNNING)
         t0 = time.monotonic()
-        # SIGTERM: a drains (refuses new work, gives running requests 10 s, ends the rest with
-        # UNAVAILABLE), then exits. New requests meanwhile go to b.
-        a.terminate()
+        if how == "SIGTERM":  # a drains (refuses new work, gives running requests 10 s, ends the rest), exits
+            a.terminate()
+        else:
+            os.killpg(a.process.pid, signal.SIGKILL)  # a and its stubs, as when a machine dies
         during = [generate(proxy, "llm_dynamic", text_input=f"During {i}", max_tokens=2) for i in range(4)]
-        # a's held requests keep it alive through its 10 s grace: these were sent during the drain.
-        assert metric(b, RUNNING) == USERS / 2, "a's held requests ended before the requests during its drain"
+        if how == "SIGTERM":  # a's held requests keep it alive through its grace: these came during the drain
+            assert metric(b, RUNNING) == USERS / 2, "a's held requests ended before the requests during its drain"
         a.stop()
         assert [r.status_code for r in during] == [200] * 4, [r.text for r in during]
         stopped_s = time.monotonic() - t0
@@ -136,7 +154,8 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(cluster, tmp_path)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     errors = [s for s in samples if s["error"]]
     assert len(errors) == on_a == 2, output[-3000:]
-    assert all("shutting down" in s["error"] for s in errors), [s["error"] for s in errors]
+    if how == "SIGTERM":  # a told its clients; after SIGKILL they see the stream cut (any error)
+        assert all("shutting down" in s["error"] for s in errors), [s["error"] for s in errors]
     with open(tmp_path / "locust_stats.csv") as f:
         e2e = next(row for row in csv.DictReader(f) if row["Name"] == "e2e")
     assert int(e2e["Failure Count"]) == len(errors), e2e
@@ -144,6 +163,6 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(cluster, tmp_path)
     assert wait_for_metric(b, RUNNING, lambda v: v == 0) == 0  # and b let them go with their connections
     after = [upstreams for upstreams, status, request in proxy.access_log() if "/llm_dynamic/generate" in request]
     assert all(upstreams[-1] == b.http_url for upstreams in after[-8:]), after[-8:]  # during and after the drain
-    print(f"replica a stopped in {stopped_s:.1f} s; b held all {USERS} requests {failover_s:.1f} s after the "
-          f"stop; Locust errors {len(errors)} (a had {on_a:.0f} running); requests during the drain: "
-          f"{[r.status_code for r in during]}")
+    print(f"{how}: replica a stopped in {stopped_s:.1f} s; b held all {USERS} requests {failover_s:.1f} s after the "
+          f"stop; Locust errors {len(errors)} (a had {on_a:.0f} running): {sorted({e['error'][:60] for e in errors})}; "
+          f"requests sent while a stopped: {[r.status_code for r in during]}")
