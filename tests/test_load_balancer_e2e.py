@@ -114,9 +114,9 @@ def test_compare_runs_through_the_proxy(cluster, tmp_path):
 def test_a_replica_stopped_mid_run_fails_exactly_its_requests(fresh_cluster, tmp_path, how):
     """Locust's 4 users hold one request each (2 per replica: least_conn). Replica a is stopped,
     with SIGTERM as Kubernetes does (it drains: its requests end with an error after 10 s) or
-    SIGKILL as a crash does (its streams are cut at once). Either way exactly its 2 requests are
-    Locust's errors, requests sent meanwhile and the users' next ones go to b, and the run ends
-    when told."""
+    SIGKILL as a crash does (its streams are cut at once). Either way a's 2 requests are Locust's
+    errors, exactly, except one whose answer had not begun, which nginx passes on to b; requests
+    sent meanwhile and the users' next ones go to b, and the run ends when told."""
     proxy, (a, b) = fresh_cluster
     prompts = tmp_path / "held.jsonl"
     prompts.write_text(json.dumps({"id": "held", "prompt": hold_prompt(3, "Tell me a story")}) + "\n")
@@ -153,16 +153,22 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(fresh_cluster, tmp
             locust.wait()
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     errors = [s for s in samples if s["error"]]
-    assert len(errors) == on_a == 2, output[-3000:]
+    assert wait_for_metric(b, RUNNING, lambda v: v == 0) == 0  # b let its held requests go with their
+    # connections; nginx logged them first. A request of a's whose answer had not begun yet (a
+    # busy machine: no token sent when a was killed) was passed on to b by nginx: no error.
+    streams = [upstreams for upstreams, _, request in proxy.access_log() if "/llm_inflight/generate_stream" in request]
+    retried = sum(upstreams == [a.http_url, b.http_url] for upstreams in streams)
+    assert on_a == 2 and len(errors) + retried == on_a and errors, (retried, output[-3000:])
     if how == "SIGTERM":  # a told its clients; after SIGKILL they see the stream cut (any error)
         assert all("shutting down" in s["error"] for s in errors), [s["error"] for s in errors]
     with open(tmp_path / "locust_stats.csv") as f:
         e2e = next(row for row in csv.DictReader(f) if row["Name"] == "e2e")
     assert int(e2e["Failure Count"]) == len(errors), e2e
-    assert len(samples) == len(errors)  # b's 4 never ended by themselves: the run's end cut them off,
-    assert wait_for_metric(b, RUNNING, lambda v: v == 0) == 0  # and b let them go with their connections
+    assert len(samples) == len(errors)  # b's 4 never ended by themselves: the run's end cut them off
     after = [upstreams for upstreams, status, request in proxy.access_log() if "/llm_dynamic/generate" in request]
-    assert all(upstreams[-1] == b.http_url for upstreams in after[-8:]), after[-8:]  # during and after the drain
+    # Those sent once a was gone went to b. (Those sent while it stopped all got 200, asserted above:
+    # from b, or from a before its signal handler ran, on a busy machine.)
+    assert all(upstreams[-1] == b.http_url for upstreams in after[-4:]), after[-4:]
     print(f"{how}: replica a stopped in {stopped_s:.1f} s; b held all {USERS} requests {failover_s:.1f} s after the "
-          f"stop; Locust errors {len(errors)} (a had {on_a:.0f} running): {sorted({e['error'][:60] for e in errors})}; "
+          f"stop; Locust errors {len(errors)} (a had {on_a:.0f} running, {retried} passed on to b): {sorted({e['error'][:60] for e in errors})}; "
           f"requests sent while a stopped: {[r.status_code for r in during]}")
