@@ -154,11 +154,15 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(fresh_cluster, tmp
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     errors = [s for s in samples if s["error"]]
     assert wait_for_metric(b, RUNNING, lambda v: v == 0) == 0  # b let its held requests go with their
-    # connections; nginx logged them first. A request of a's whose answer had not begun yet (a
-    # busy machine: no token sent when a was killed) was passed on to b by nginx: no error.
+    # connections; nginx logged them first. Requests tried on a, then b: a killed request whose answer
+    # had not begun (a busy machine: no token sent yet), or a new one that met a while it went.
     streams = [upstreams for upstreams, _, request in proxy.access_log() if "/llm_inflight/generate_stream" in request]
     retried = sum(upstreams == [a.http_url, b.http_url] for upstreams in streams)
-    assert on_a == 2 and len(errors) + retried == on_a and errors, (retried, output[-3000:])
+    assert on_a == 2, on_a
+    if how == "SIGTERM":  # the drain ends each of a's requests with an error, begun or not
+        assert len(errors) == on_a, (retried, output[-3000:])
+    else:  # a's requests that had begun are cut; the others went on to b
+        assert 1 <= len(errors) <= on_a and len(errors) + retried >= on_a, (retried, output[-3000:])
     if how == "SIGTERM":  # a told its clients; after SIGKILL they see the stream cut (any error)
         assert all("shutting down" in s["error"] for s in errors), [s["error"] for s in errors]
     with open(tmp_path / "locust_stats.csv") as f:
