@@ -1,0 +1,81 @@
+"""An OpenAI request's sampling fields -> the `sampling_parameters` every model reads.
+
+The keys and their checks are the models' own (`engine/sampling_params.py`): the front validates
+with the same `SamplingParams`, so a bad value is refused before it reaches Triton, with the same
+message the model would give, as a 400 naming the field. What the models cannot honour is refused
+here with the reason, rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tritonllm.engine.sampling_params import SamplingParams
+from tritonllm.openai.errors import bad_request
+from tritonllm.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+# OpenAI / vLLM field -> the models' sampling key (the same name, except where noted).
+PASSED = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
+          "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens")
+MAX_N = 16  # choices per prompt; each is its own request upstream
+_KEY_IN_MESSAGE = re.compile(r"sampling parameter '([a-z_]+)'")
+
+
+def refuse_unsupported(req: SamplingFields) -> None:
+    """400 for fields whose meaning the models cannot deliver."""
+    if req.min_p not in (None, 0, 0.0):
+        raise bad_request("min_p is not supported by these models' sampler (use top_p or top_k)", "min_p")
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", "n")
+    if req.best_of not in (None, req.n):
+        raise bad_request("best_of is not supported (it needs log probabilities); leave it out or equal to n",
+                          "best_of")
+    if req.logit_bias:
+        raise bad_request("logit_bias is not supported by these models' sampler", "logit_bias")
+    kind = (req.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise bad_request(f"response_format {kind!r} is not supported; only 'text'", "response_format")
+    if isinstance(req, CompletionRequest):
+        if req.logprobs not in (None, 0):
+            raise bad_request("logprobs are not returned by these models; send logprobs: null", "logprobs")
+        if req.suffix:
+            raise bad_request("suffix (insertion) is not supported", "suffix")
+    if isinstance(req, ChatCompletionRequest):
+        if req.logprobs or req.top_logprobs:
+            raise bad_request("logprobs are not returned by these models; send logprobs: false",
+                              "top_logprobs" if req.top_logprobs and not req.logprobs else "logprobs")
+        if req.tools or req.functions:
+            raise bad_request("tools and function calling are not supported by this server", "tools")
+
+
+def max_tokens_of(req: SamplingFields) -> int | None:
+    """max_completion_tokens (chat's newer name) wins over max_tokens; None: not given."""
+    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+
+
+def sampling_parameters(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
+    """The validated `sampling_parameters` JSON object for one choice (seed as given)."""
+    refuse_unsupported(req)
+    values: dict[str, Any] = {"max_tokens": max_tokens}
+    for key in PASSED:
+        value = getattr(req, key)
+        if value is not None:
+            values[key] = value
+    if values.get("stop") == []:
+        del values["stop"]
+    try:
+        SamplingParams.from_dict(values)
+    except ValueError as exc:
+        match = _KEY_IN_MESSAGE.search(str(exc))
+        key = match.group(1) if match else None
+        param = "max_completion_tokens" if key == "max_tokens" and req.max_completion_tokens is not None else key
+        raise bad_request(str(exc).replace("sampling parameter", "field", 1), param) from None
+    return values
+
+
+def for_choice(values: dict[str, Any], choice: int) -> dict[str, Any]:
+    """Choice i of n gets seed + i, so that seeded choices differ from each other and repeat across calls."""
+    if choice == 0 or values.get("seed") is None:
+        return values
+    return {**values, "seed": (values["seed"] + choice) % 2**63}
