@@ -3,12 +3,14 @@
 The runner computes the Hugging Face model's layers with the model's own weights and numerics,
 in fewer, larger ops: q|k|v and gate|up are one matmul each (fused_weights.py), rotary cos/sin
 come from tables made once by the model's rotary module (rotary.py), and each layer stores its
-new keys and values with one write. In float32 the logits equal the model's own forward bit for
-bit (tested). Attention and the KV cache are ours: each sequence attends to its own slot in
-`SlotKVCache`, so sequences of any length share one forward without padding and past
-keys/values are never copied. Logits are computed only at each sequence's last scheduled token,
-and only where a token is sampled. `quantization="int8"` swaps the matmul weights for int8 ones
-(quantization.py).
+new keys and values with one write. Every matmul goes through linear.py, which picks the kernel
+once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
+`F.linear` in float32). In float32 the logits equal the model's own forward bit for bit
+(tested). Attention and the KV cache are ours: each sequence attends to its own slot in
+`SlotKVCache`, so past keys/values are never copied; prompt chunks attend over their own slot,
+and the step's decodes attend at a cost that follows their true lengths (decode_attention.py).
+Logits are computed only at each sequence's last scheduled token, and only where a token is
+sampled.
 
 Measured (bench notes in docs/benchmarks.md): a decode step is bound by streaming the weights
 from memory; capturing it with `torch.compile` on CPU gave no gain (and 30 s of compile), so
@@ -22,9 +24,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
-from tritonllm.engine.quantization import linear, quantize, resolve_quantization
+from tritonllm.engine.linear import linear, nbytes, prepare
+from tritonllm.engine.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
 
 # Decoder-only models with the Llama layout (pre-norm, rotary, GQA, gated MLP). Qwen3 adds
@@ -55,10 +59,9 @@ def check_supported(config) -> None:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm exactly as Llama, Mistral and Qwen compute it: in float32, rounded before the weight.
-    (`F.rms_norm` applies the weight before rounding: in bfloat16 it moved a near-tied greedy token.)"""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    (`F.rms_norm` with the weight applies it before rounding: in bfloat16 that moved a near-tied
+    greedy token. Without the weight, in float32, its result equals the model's own ops bit for bit.)"""
+    return weight * F.rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 class ModelRunner:
@@ -71,11 +74,14 @@ class ModelRunner:
         self.quantization = resolve_quantization(quantization, self.dtype, self.device)
         base = model.model
         self.embed = base.embed_tokens
-        self.layers = [fuse_layer(layer) for layer in base.layers]
-        if self.quantization != "none":  # the matmul weights; norms, embeddings and biases stay as they are
-            self.layers = [replace(w, **{name: quantize(getattr(w, name), self.quantization)
-                                         for name in ("qkv", "o", "gate_up", "down")}) for w in self.layers]
-        self.lm_head_weight = quantize(model.lm_head.weight.detach(), self.quantization)
+        # The matmul weights in the form linear.py multiplies fastest; norms, embeddings and biases stay.
+        self.layers = [replace(w, **{name: prepare(getattr(w, name), self.quantization, num_slots)
+                                     for name in ("qkv", "o", "gate_up", "down")})
+                       for w in map(fuse_layer, base.layers)]
+        self.lm_head_weight = prepare(model.lm_head.weight, self.quantization, num_slots)
+        # What a decode step streams from memory at least: every matmul weight once.
+        self.weight_bytes = nbytes(self.lm_head_weight) + sum(
+            nbytes(getattr(w, name)) for w in self.layers for name in ("qkv", "o", "gate_up", "down"))
         self.act = base.layers[0].mlp.act_fn
         self.eps = base.norm.variance_epsilon
         self.norm = base.norm
@@ -103,9 +109,10 @@ class ModelRunner:
         dev = self.device
         pos_t = torch.tensor(positions, device=dev)
         slots_t = torch.tensor(slots, device=dev)
-        single = _SingleTokenBatch([b for b in bounds if b[1] == 1], self.cache.num_slots, dev)
+        decode_bounds = [b for b in bounds if b[1] == 1]
+        decodes = (DecodeAttention(decode_bounds, self.num_kv_heads, self.scaling, dev)
+                   if decode_bounds else None)
         prompt_chunks = [b for b in bounds if b[1] > 1]
-        only_decodes = not prompt_chunks
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
@@ -120,12 +127,12 @@ class ModelRunner:
             qkv = qkv * cos + qkv.roll(dim // 2, -1) * sin
             q = qkv[:, :heads]
             self.cache.write(layer_idx, slots_t, pos_t, qkv[:, heads:])
-            if only_decodes:
-                out = self._attend_single_tokens(q, layer_idx, single)
+            if not prompt_chunks:
+                out = decodes(q, self.cache.layers[layer_idx])
             else:
                 out = torch.empty_like(q)
-                if single.rows is not None:
-                    out[single.rows] = self._attend_single_tokens(q, layer_idx, single)
+                if decodes is not None:
+                    out[decodes.rows] = decodes(q, self.cache.layers[layer_idx])
                 for off, n, slot, start in prompt_chunks:
                     out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
             hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
@@ -136,23 +143,6 @@ class ModelRunner:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=dev)])
         return linear(picked, self.lm_head_weight, self.model.lm_head.bias).float()
-
-    def _attend_single_tokens(self, q: torch.Tensor, layer_idx: int, single: "_SingleTokenBatch") -> torch.Tensor:
-        """One attention call for every one-token chunk (decodes), over all slots' cache views.
-
-        Query heads are grouped by the KV head they share (GQA) instead of repeating keys.
-        Slots without a query here are masked and their rows dropped.
-        """
-        num_slots = self.cache.num_slots
-        group = self.num_heads // self.num_kv_heads
-        queries = q.new_zeros(num_slots, self.num_heads, self.head_dim)
-        queries[single.slots] = q[single.rows]
-        k, v = self.cache.all_slots(layer_idx, single.max_length)
-        out = F.scaled_dot_product_attention(
-            queries.view(num_slots, self.num_kv_heads, group, self.head_dim), k, v,
-            attn_mask=single.mask, scale=self.scaling,
-        )
-        return out.reshape(num_slots, self.num_heads, self.head_dim)[single.slots]
 
     def _attend_chunk(self, q: torch.Tensor, layer_idx: int, slot: int, start: int) -> torch.Tensor:
         """Causal attention of a prompt chunk (n, heads, dim) over the slot's first start + n keys."""
@@ -174,18 +164,3 @@ class ModelRunner:
         chunks = [Chunk(slot, [0], length, True) for slot, length in enumerate(lengths)]
         return self.forward(chunks)
 
-
-class _SingleTokenBatch:
-    """Where the one-token chunks of a step are: packed rows, their slots, and the length mask."""
-
-    def __init__(self, bounds: list[tuple[int, int, int, int]], num_slots: int, device):
-        self.rows = self.slots = self.mask = None
-        if not bounds:
-            return
-        self.rows = torch.tensor([off for off, _, _, _ in bounds], device=device)
-        self.slots = torch.tensor([slot for _, _, slot, _ in bounds], device=device)
-        lengths = torch.ones(num_slots, dtype=torch.long, device=device)  # idle slots: one harmless key
-        lengths[self.slots] = torch.tensor([start + 1 for _, _, _, start in bounds], device=device)
-        self.max_length = int(lengths.max())
-        visible = torch.arange(self.max_length, device=device)[None, :] < lengths[:, None]
-        self.mask = visible[:, None, None, :]  # (slots, 1, 1, max_length)

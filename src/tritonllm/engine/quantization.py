@@ -4,6 +4,7 @@ Each output row of a weight gets one scale (absmax / 127); activations stay bflo
 `torch.ops.aten._weight_int8pack_mm` multiplies them with the int8 weights directly. A decode
 step on CPU streams every weight once, so fewer bytes is a faster step. With float32 activations
 that kernel takes a slow path (measured ~1 s a step), so int8 needs a 16-bit dtype, and on CPU.
+The runner multiplies by these weights through linear.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 QUANTIZATION_ENV = "TRITONLLM_QUANTIZATION"  # overrides config.pbtxt's `quantization` for all models
 METHODS = ("none", "int8")
@@ -39,15 +39,3 @@ def resolve_quantization(name: str | None, dtype: torch.dtype, device: torch.dev
         raise ValueError(f"quantization int8 runs on CPU with dtype bfloat16 or float16, not {dtype} on "
                          f"{device.type} (float32 activations take a slow path)")
     return method
-
-
-def quantize(weight: torch.Tensor, method: str):
-    return Int8Weight.of(weight) if method == "int8" else weight
-
-
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a plain or an int8 weight."""
-    if isinstance(weight, Int8Weight):
-        out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
-        return out if bias is None else out + bias
-    return F.linear(x, weight, bias)

@@ -1,0 +1,64 @@
+"""How the runner multiplies by a weight, chosen once per weight at load: the one place for it.
+
+- bfloat16 / float16 on CPU: oneDNN with the weight reordered once into its blocked layout
+  (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`). A decode step streams
+  every weight once; from a prepacked weight oneDNN streams about 2x faster than `aten::mm`
+  at 8 rows (docs/benchmarks.md). Its rows are bit-equal to `aten::mm` at one row, and a row's
+  result does not depend on how many rows share the call (tested for every shape of the
+  bundled model).
+- int8 (`quantization: int8`): weight-only int8 (quantization.py).
+- float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
+  the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine.quantization import Int8Weight
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight in oneDNN's blocked layout."""
+
+    packed: torch.Tensor
+    nbytes: int  # of the weight it was made from
+
+
+def prepack_enabled(dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available())
+
+
+def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
+    """The form of `weight` (out, in) that `linear` multiplies fastest here."""
+    weight = weight.detach()
+    if quantization == "int8":
+        return Int8Weight.of(weight)
+    if prepack_enabled(weight.dtype, weight.device):
+        return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint),
+                            weight.numel() * weight.element_size())
+    return weight
+
+
+def nbytes(weight) -> int:
+    """Bytes a matmul by this weight streams from memory."""
+    if isinstance(weight, PackedWeight):
+        return weight.nbytes
+    if isinstance(weight, Int8Weight):
+        return weight.values.numel() + weight.scales.numel() * weight.scales.element_size()
+    return weight.numel() * weight.element_size()
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias."""
+    if isinstance(weight, PackedWeight):
+        return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+    if isinstance(weight, Int8Weight):
+        out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)

@@ -1,0 +1,64 @@
+"""The runner's matmuls (engine/linear.py): the kernel chosen per weight, and what it must keep.
+
+A row's result must not depend on how many rows share the call (batch invariance of the matmul),
+for every linear shape of the bundled model, in bfloat16 (oneDNN prepacked) and with int8
+weights; float32 stays plain `F.linear`, the model's own kernel.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine.linear import PackedWeight, linear, nbytes, prepare, prepack_enabled
+from tritonllm.engine.quantization import Int8Weight
+from tritonllm.models import prepare_bundled
+
+ROW_COUNTS = (1, 2, 3, 5, 8, 13, 32, 64, 257)
+
+
+def bundled_linear_shapes() -> dict[str, tuple[int, int]]:
+    """(in, out) of every matmul of the bundled model's runner, from its config."""
+    config = json.loads((prepare_bundled() / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    return {"qkv": (hidden, (heads + 2 * kv_heads) * head_dim), "o": (heads * head_dim, hidden),
+            "gate_up": (hidden, 2 * inter), "down": (inter, hidden), "lm_head": (hidden, config["vocab_size"])}
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "lm_head"])
+def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
+    fan_in, fan_out = bundled_linear_shapes()[name]
+    torch.manual_seed(0)
+    weight = (torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16)
+    x = torch.randn(max(ROW_COUNTS), fan_in).to(torch.bfloat16)
+    prepared = prepare(weight, quantization, rows_hint=8)
+    assert isinstance(prepared, Int8Weight if quantization == "int8" else PackedWeight)
+    full = linear(x, prepared)
+    for rows in ROW_COUNTS:
+        assert torch.equal(linear(x[:rows], prepared), full[:rows]), f"{name}: {rows} rows differ"
+        assert torch.equal(linear(x[rows - 1:rows], prepared), full[rows - 1:rows])
+    if quantization == "none":  # the prepacked kernel gives aten::mm's bits at one row
+        assert torch.equal(linear(x[:1], prepared), F.linear(x[:1], weight))
+
+
+def test_prepacked_weight_keeps_the_bias_and_the_values():
+    torch.manual_seed(1)
+    weight, bias = torch.randn(96, 64).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
+    x = torch.randn(7, 64).to(torch.bfloat16)
+    got = linear(x, prepare(weight, "none", rows_hint=8), bias)
+    torch.testing.assert_close(got.float(), F.linear(x, weight, bias).float(), rtol=1e-2, atol=1e-2)
+    assert nbytes(prepare(weight, "none", 8)) == weight.numel() * 2
+    assert nbytes(prepare(weight, "int8", 8)) == weight.numel() + 96 * 2
+
+
+def test_float32_and_other_devices_keep_the_plain_weight():
+    weight = torch.randn(8, 4)
+    assert isinstance(prepare(weight, "none", rows_hint=8), torch.Tensor)  # float32: F.linear, the model's own
+    assert not prepack_enabled(torch.float32, torch.device("cpu"))
+    assert not prepack_enabled(torch.bfloat16, torch.device("cuda"))
