@@ -317,7 +317,7 @@ def _launcher(tmp_path, *args) -> tuple[subprocess.Popen, SimpleNamespace]:
     """`tritonllm-server` in a subprocess; returns once it printed its banner (it watches the stubs then)."""
     http, grpc, metrics = find_free_ports(3)
     cmd = [sys.executable, "-m", "tritonllm.server.launcher", "--http-port", str(http), "--grpc-port", str(grpc),
-           "--metrics-port", str(metrics), "--log-file", str(tmp_path / "server.log"), *args]
+           "--metrics-port", str(metrics), "--log-file", str(tmp_path / "server.log"), "--openai-port", "0", *args]
     proc = subprocess.Popen(cmd, env={**os.environ, **TEST_SERVER_ENV}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     target = SimpleNamespace(http_url=f"127.0.0.1:{http}", grpc_url=f"127.0.0.1:{grpc}",

@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tritonllm.openai.process import FrontStartError, OpenAIFront
+
 PYVER = f"{sys.version_info.major}.{sys.version_info.minor}"
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
 _COMPLETE = ".tritonllm-complete"
@@ -195,6 +197,8 @@ ADMIN_KEY_HEADER = "triton-admin-key"
 ADMIN_KEY_ENV = "TRITONLLM_ADMIN_KEY"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEAD_STUB_STOP_S = 5  # seconds the other models get to finish when one model's stub has died
+OPENAI_PORT = 9000  # the OpenAI-compatible front's default port (0: not started)
+API_KEY_ENV = "TRITONLLM_API_KEY"
 
 
 class TritonServer:
@@ -476,7 +480,18 @@ def admin_key_for(host: str, given: str | None) -> str | None:
     return None if host in LOOPBACK else secrets.token_urlsafe(18)
 
 
-def _banner(server: TritonServer, key_made: bool) -> str:
+def _openai_lines(front) -> list[str]:
+    """The OpenAI front's URL and a request to paste (the API key, if any, is not printed)."""
+    if front is None:
+        return []
+    body = ('{"model": "llm_inflight", "messages": [{"role": "user", "content": "What is the capital of France?"}], '
+            '"max_tokens": 32}')
+    auth = ' -H "Authorization: Bearer $TRITONLLM_API_KEY"' if front.api_key else ""
+    return [f"  OpenAI:  {front.url}  (log: {front.log_file})",
+            f"  curl -s {front.url}/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"]
+
+
+def _banner(server: TritonServer, key_made: bool, front=None) -> str:
     """What the server offers; a key given by the user is not printed (logs are often shared)."""
     runs = model_runs(server.metrics_url)
     try:
@@ -492,6 +507,7 @@ def _banner(server: TritonServer, key_made: bool) -> str:
         f"  HTTP:    {base}",
         f"  gRPC:    {server.grpc_url}",
         f"  metrics: {server.metrics_url}",
+        *_openai_lines(front)[:1],
         "  models:  " + (", ".join(models) or "<none>"),
         *([f"  admin:   {', '.join(ADMIN_APIS)} need header {ADMIN_KEY_HEADER}: "
            + (server.admin_key if key_made else f"(the key given, ${ADMIN_KEY_ENV} or --admin-key)")]
@@ -499,6 +515,7 @@ def _banner(server: TritonServer, key_made: bool) -> str:
         "Try:",
         f"  curl -s {base}/v2/models/llm_inflight/generate -d '{body}'",
         f"  curl -sN {base}/v2/models/llm_inflight/generate_stream -d '{stream_body}'",
+        *_openai_lines(front)[1:],
         "Ctrl-C stops the server.",
     ])
 
@@ -520,6 +537,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="load only this model (repeatable); default: all")
     p.add_argument("--ready-timeout", type=float, default=120.0)
     p.add_argument("--log-file", type=Path, default=None)
+    p.add_argument("--openai-port", type=int, default=OPENAI_PORT,
+                   help="port of the OpenAI-compatible API (tritonllm-openai) on --host; 0: do not start it")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"key the OpenAI API requires as 'Authorization: Bearer KEY' (default ${API_KEY_ENV}; "
+                        "unset: none, as Triton's own inference APIs)")
     args = p.parse_args(argv)
 
     server = TritonServer(
@@ -528,6 +550,13 @@ def main(argv: list[str] | None = None) -> int:
         models=args.models, log_file=args.log_file, ready_timeout=args.ready_timeout,
         exit_timeout=args.exit_timeout, admin_key=admin_key_for(args.host, args.admin_key),
     )
+    front = None
+    if args.openai_port:
+        grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        front = OpenAIFront(f"{grpc_host}:{args.grpc_port}", port=args.openai_port, host=args.host,
+                            models=args.models, api_key=args.api_key or None,
+                            log_file=server.log_file.with_name(server.log_file.stem + "-openai.log"),
+                            graceful_timeout=args.exit_timeout + 5)
     stop_timeout = None  # the server's exit timeout
     # SIGTERM and SIGINT (also when inherited as ignored) raise KeyboardInterrupt.
     old_handlers = {s: signal.signal(s, signal.default_int_handler)
@@ -535,8 +564,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"Starting tritonserver (log: {server.log_file}) ...", flush=True)
         server.start()
-        print(_banner(server, key_made=not args.admin_key), flush=True)
+        if front is not None:
+            front.start()
+        print(_banner(server, key_made=not args.admin_key, front=front), flush=True)
+        if front is not None and args.host not in LOOPBACK and not front.api_key:
+            print(f"note: the OpenAI API listens beyond loopback without a key (--api-key / ${API_KEY_ENV})",
+                  flush=True)
         while server.is_running():
+            if front is not None and not front.is_running():
+                print(f"error: the OpenAI front exited (code {front.process.returncode}); stopping the server so "
+                      f"that a supervisor can restart both; see {front.log_file}", file=sys.stderr)
+                return 1
             dead = server.dead_stubs()
             if dead:
                 print(f"error: the Python process of {', '.join(dead)} died; Triton does not restart it and "
@@ -549,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         how = f" (killed by {signal.Signals(-code).name})" if code < 0 else ""
         print(f"tritonserver exited with code {code}{how}; see {server.log_file}", file=sys.stderr)
         return 1
-    except ServerStartError as e:
+    except (ServerStartError, FrontStartError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -558,7 +596,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig in old_handlers:  # a second Ctrl-C must not interrupt the stop
             signal.signal(sig, signal.SIG_IGN)
+        if front is not None:
+            front.terminate()  # it stops taking requests; open ones end as Triton drains them
         server.stop(stop_timeout)
+        if front is not None:
+            front.stop(timeout=10)
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
 
