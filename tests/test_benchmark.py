@@ -12,7 +12,11 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert benchmark.main(["--model", "tiny", "--requests", "10", "--output-tokens", "exp:8:24",
                            "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"ceiling", "engine", "request", "hf-cb", "static"}
+    assert set(results) == {"decode", "ceiling", "engine", "request", "hf-cb", "static"}
+    decode = results["decode"]
+    assert set(decode["cases"]) >= {"8 x 128", "32 x 128", "8 x 32", "7 x 32 + 1 x 1600"}
+    assert all(c["weights_gb_per_s"] > 0 and c["tokens_per_s"] > 0 for c in decode["cases"].values())
+    assert decode["mixed_over_short"] > 0
     requested = sum(n for _, n in benchmark.make_workload(10, "exp:8:24", "uniform:8:48", 0))
     for name in ("engine", "request", "hf-cb", "static"):
         assert "error" not in results[name], results[name]
@@ -20,12 +24,13 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert results["engine"]["slot_utilisation_while_waiting"] == 1.0
     printed = capsys.readouterr().out
     assert "engine / hf-cb" in printed and "engine / static" in printed
+    assert "GB/s of weights" in printed and "7 x 32 + 1 x 1600 / 8 x 32 =" in printed
 
 
 def test_benchmark_compares_dtypes_and_measures_batch_invariance(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert benchmark.main(["--model", "tiny", "--requests", "6", "--output-tokens", "exp:8:24", "--dtype", "bfloat16",
-                           "--vs", "float32", "--vs", "int8", "--match", "5", "--skip", "hf-cb", "static", "--json", str(out)]) == 0
+                           "--vs", "float32", "--vs", "int8", "--match", "5", "--skip", "decode", "hf-cb", "static", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     results = report["results"]
     assert report["dtype"] == "bfloat16"

@@ -1,5 +1,7 @@
 """`tritonllm-bench-engine`: offline throughput of four ways to batch the same workload, in one run.
 
+0. decode: the model runner's decode step alone at 8 and 32 slots (ms, tok/s, GB/s of weights), and
+   7 short rows + 1 long against 8 short;
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -29,7 +31,7 @@ import time
 import torch
 
 from tritonllm.engine.llm_engine import LLMEngine
-from tritonllm.engine.model_runner import Chunk
+from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 from tritonllm.models import DTYPES, dtype_name, load_model, resolve_dtype
@@ -84,6 +86,40 @@ def run_ceiling(model, tokenizer, workload, slots: int, quantization: str | None
         lengths = [length + 1 for length in lengths]
     elapsed = time.perf_counter() - start
     return {"tokens": steps * slots, "seconds": elapsed, "tokens_per_s": steps * slots / elapsed, "steps": steps}
+
+
+DECODE_CASES = [("8 x 128", [128] * 8), ("32 x 128", [128] * 32), ("8 x 32", [32] * 8),
+                ("7 x 32 + 1 x 1600", [32] * 7 + [1600]), ("8 x 1600", [1600] * 8)]
+
+
+def run_decode_steps(model, quantization: str | None = None, repeats: int = 10) -> dict:
+    """The runner's decode step alone at 8 and 32 slots: time, tok/s and the weights' bytes per step
+    time (GB/s: how close the step comes to streaming its weights at memory speed), and one long row
+    among short ones against all short (attention that follows true lengths costs little more)."""
+    runner = ModelRunner(model, max(len(lengths) for _, lengths in DECODE_CASES), 2048, quantization)
+    times: dict[str, list[float]] = {name: [] for name, _ in DECODE_CASES}
+    for _, lengths in DECODE_CASES:  # warm every shape
+        runner.decode_ceiling_step(lengths)
+    for _ in range(repeats):  # round robin: a noisy moment touches every case alike
+        for name, lengths in DECODE_CASES:
+            t0 = time.perf_counter()
+            runner.decode_ceiling_step(lengths)
+            times[name].append(time.perf_counter() - t0)
+    cases = {}
+    for name, lengths in DECODE_CASES:
+        seconds = statistics.median(times[name])
+        cases[name] = {"rows": len(lengths), "seconds": seconds, "tokens_per_s": len(lengths) / seconds,
+                       "weights_gb_per_s": runner.weight_bytes / seconds / 1e9}
+    mixed = cases["7 x 32 + 1 x 1600"]["seconds"] / cases["8 x 32"]["seconds"]
+    return {"weight_bytes": runner.weight_bytes, "cases": cases, "mixed_over_short": mixed}
+
+
+def print_decode_steps(r: dict) -> None:
+    print(f"decode steps (weights {r['weight_bytes'] / 1e6:.0f} MB per step):")
+    for name, c in r["cases"].items():
+        print(f"  {name:18s} {c['seconds'] * 1e3:6.1f} ms  {c['tokens_per_s']:7.1f} tok/s  "
+              f"{c['weights_gb_per_s']:5.1f} GB/s of weights")
+    print(f"  7 x 32 + 1 x 1600 / 8 x 32 = {r['mixed_over_short']:.2f}", flush=True)
 
 
 def run_static(model, tokenizer, workload, slots: int) -> dict:
@@ -195,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the ceiling and the engine in float32, or with int8 weights (repeatable)")
     parser.add_argument("--match", type=int, default=0, metavar="N",
                         help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "engine", "request", "hf-cb", "static"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--profile-steps", metavar="FILE",
                         help="only time the runner's forward over a grid of step shapes and write them here "
@@ -223,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
           f"slots={args.slots} budget={args.budget} output tokens={sum(n for _, n in workload)} "
           f"({args.output_tokens}), prompt words {args.prompt_words}, threads={torch.get_num_threads()}", flush=True)
     runs = {
+        "decode": lambda: run_decode_steps(model, args.quantization),
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots, args.quantization),
         "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget,
                                      quantization=args.quantization),
@@ -257,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         r = results[name]
         if "error" in r:
             print(f"{name:8s} {r['error']}", flush=True)
+        elif name == "decode":
+            print_decode_steps(r)
         elif name.startswith("match"):
             print(f"{name:8s} {r['identical']}/{r['prompts']} greedy answers ({r['tokens']} tokens) token-identical "
                   f"to unbatched generate; mean common prefix {r['mean_common_prefix']:.1f} tokens", flush=True)
