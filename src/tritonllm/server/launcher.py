@@ -199,6 +199,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 DEAD_STUB_STOP_S = 5  # seconds the other models get to finish when one model's stub has died
 OPENAI_PORT = 9000  # the OpenAI-compatible front's default port (0: not started)
 API_KEY_ENV = "TRITONLLM_API_KEY"
+OPENAI_MODELS = ("llm_inflight", "llm_dynamic", "llm_static")  # what the front serves, in /v1/models' order
 
 
 class TritonServer:
@@ -480,6 +481,18 @@ def admin_key_for(host: str, given: str | None) -> str | None:
     return None if host in LOOPBACK else secrets.token_urlsafe(18)
 
 
+def _openai_front(server: TritonServer, args) -> OpenAIFront:
+    """The OpenAI front for the LLM models this server has ready (all of them when it has none of ours)."""
+    models = args.models
+    if not models:
+        ready = [m["name"] for m in repository_index(server) if m.get("state") == "READY"]
+        models = [m for m in OPENAI_MODELS if m in ready] or ready
+    grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    return OpenAIFront(f"{grpc_host}:{args.grpc_port}", port=args.openai_port, host=args.host, models=models,
+                       api_key=args.api_key or None, graceful_timeout=args.exit_timeout + 5,
+                       log_file=server.log_file.with_name(server.log_file.stem + "-openai.log"))
+
+
 def _openai_lines(front) -> list[str]:
     """The OpenAI front's URL and a request to paste (the API key, if any, is not printed)."""
     if front is None:
@@ -551,12 +564,6 @@ def main(argv: list[str] | None = None) -> int:
         exit_timeout=args.exit_timeout, admin_key=admin_key_for(args.host, args.admin_key),
     )
     front = None
-    if args.openai_port:
-        grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-        front = OpenAIFront(f"{grpc_host}:{args.grpc_port}", port=args.openai_port, host=args.host,
-                            models=args.models, api_key=args.api_key or None,
-                            log_file=server.log_file.with_name(server.log_file.stem + "-openai.log"),
-                            graceful_timeout=args.exit_timeout + 5)
     stop_timeout = None  # the server's exit timeout
     # SIGTERM and SIGINT (also when inherited as ignored) raise KeyboardInterrupt.
     old_handlers = {s: signal.signal(s, signal.default_int_handler)
@@ -564,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"Starting tritonserver (log: {server.log_file}) ...", flush=True)
         server.start()
-        if front is not None:
+        if args.openai_port:
+            front = _openai_front(server, args)
             front.start()
         print(_banner(server, key_made=not args.admin_key, front=front), flush=True)
         if front is not None and args.host not in LOOPBACK and not front.api_key:
