@@ -45,7 +45,10 @@ class NginxProxy:
         return string.Template(TEMPLATE.read_text()).substitute(
             prefix=self.prefix, http_listen=self.http_url, grpc_listen=self.grpc_url,
             http_servers=servers(r.http_url for r in self.replicas),
-            grpc_servers=servers(r.grpc_url for r in self.replicas))
+            grpc_servers=servers(r.grpc_url for r in self.replicas),
+            # replicas without an OpenAI front (openai_url) get a placeholder nginx never uses
+            openai_servers=servers(r.openai_url for r in self.replicas if getattr(r, "openai_url", None))
+            or "        server 127.0.0.1:1 down;")
 
     def start(self) -> "NginxProxy":
         install_missing({"nginx": "nginx"})

@@ -436,3 +436,30 @@ def test_front_metrics_count_requests_errors_and_latency(front, client):
     assert value('tritonllm_openai_request_duration_seconds_count{endpoint="completions",model="llm_inflight"}') >= 1
     assert value('tritonllm_openai_completion_tokens_total{model="llm_inflight"}') >= N
     assert value('tritonllm_openai_requests_running{model="llm_inflight"}') == 0
+
+
+# ---------------------------------------------------------------- behind the nginx template
+
+
+def test_behind_nginx_openai_routes_go_to_the_front_and_streams_pass_as_they_come(front, triton_server, tmp_path):
+    """deploy/nginx/tritonllm.conf.template: /v1 and the front's health go to the front, /v2 to Triton,
+    on one listener; the SDK streams through it with the same answer as directly."""
+    from types import SimpleNamespace
+
+    from nginx_proxy import NginxProxy
+
+    replica = SimpleNamespace(http_url=triton_server.http_url, grpc_url=triton_server.grpc_url,
+                              openai_url=front.root.removeprefix("http://"))
+    proxy = NginxProxy(tmp_path / "nginx", [replica]).start()
+    try:
+        base = f"http://{proxy.http_url}"
+        assert requests.get(f"{base}/health", timeout=10).status_code == 200
+        assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200  # Triton's, beside it
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=TIMEOUT) as via:
+            chunks = list(via.completions.create(model="llm_inflight", prompt=PROMPT, stream=True, **GREEDY,
+                                                 extra_body=FORCED))
+            direct = via.completions.create(model="llm_inflight", prompt=PROMPT, **GREEDY, extra_body=FORCED)
+        assert len(chunks) > 1 and "".join(c.choices[0].text for c in chunks) == direct.choices[0].text
+        assert any("/v1/completions" in request for _, _, request in proxy.access_log())
+    finally:
+        proxy.stop()
