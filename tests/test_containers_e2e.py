@@ -90,11 +90,12 @@ def project(tmp_path_factory):
     try:
         base = _run([DOCKER_DIR / "make-base-image.sh"]).stdout.strip().splitlines()[-1]
         _run([DOCKER_DIR / "make-wheelhouse.sh", DOCKER_DIR / "wheels"])
-        http, grpc, metrics, locust = find_free_ports(4)
+        http, grpc, metrics, locust, openai_port = find_free_ports(5)
         env = dict(os.environ, TRITONLLM_BASE_IMAGE=base, TRITONLLM_TAG="e2e",
                    TRITONLLM_ADMIN_KEY=secrets.token_hex(16), TRITONLLM_RESULTS=str(work / "results"),
                    TRITONLLM_HTTP_PORT=str(http), TRITONLLM_GRPC_PORT=str(grpc),
-                   TRITONLLM_METRICS_PORT=str(metrics), TRITONLLM_LOCUST_PORT=str(locust))
+                   TRITONLLM_METRICS_PORT=str(metrics), TRITONLLM_LOCUST_PORT=str(locust),
+                   TRITONLLM_OPENAI_PORT=str(openai_port))
         project = ComposeProject(f"tritonllm-e2e-{os.getpid()}", env, work / "results",
                                  f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
                                  f"http://127.0.0.1:{metrics}/metrics", env["TRITONLLM_ADMIN_KEY"])
