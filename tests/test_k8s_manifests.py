@@ -98,9 +98,15 @@ def test_server_probes_service_and_scrape_point_at_real_ports():
     resources = _base()
     deployment = resources[("Deployment", "tritonllm-server")]
     pod = deployment["spec"]["template"]
-    container = pod["spec"]["containers"][0]
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    container, front = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for c in (container, front) for p in c["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+    # The OpenAI front beside the server: Triton's gRPC on the pod's loopback, its own port, probes on
+    # its readiness; the server does not start a second front on the same port.
+    assert front["command"][0] == "tritonllm-openai" and "127.0.0.1:8001" in front["command"]
+    assert front["command"][front["command"].index("--port") + 1] == "9000"
+    assert front["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "openai"}
+    assert container["command"][-2:] == ["--openai-port", "0"]
     assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 300
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -113,7 +119,7 @@ def test_server_probes_service_and_scrape_point_at_real_ports():
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
     monitor = resources[("PodMonitor", "tritonllm-server")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics", "openai"]
     assert monitor["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
 
 
