@@ -100,6 +100,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="TRITONLLM_DTYPE for a server this command starts: auto, float32, bfloat16 (default: the "
                         "models' config, auto)")
     t.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for a started server")
+    t.add_argument("--via", choices=["triton", "openai"], default="triton",
+                   help="openai: every scheme through the OpenAI-compatible front (streaming /v1/completions, "
+                        "OpenAIStreamUser with model llm_<scheme>) instead of Triton's own protocols")
+    t.add_argument("--front-url", default="http://127.0.0.1:9000",
+                   help="--via openai: the front to use when it answers there, else one is started on a free "
+                        "loopback port against the Triton (and stopped at the end)")
     t.add_argument("--openai-url", default="",
                    help="also run the workload against this OpenAI-compatible server (/v1/completions, streaming)")
     t.add_argument("--openai-name", default="openai", help="its scheme name in the report, e.g. llama.cpp")
@@ -203,6 +209,8 @@ class Target:
         self.grpc = f"{ghost}:{gport}"
         self.metrics = args.metrics_url if "://" in args.metrics_url else f"http://{args.metrics_url}"
         self.note = ""
+        self.front = None  # the OpenAI front this command started (--via openai)
+        self.front_url = args.front_url.rstrip("/") if "://" in args.front_url else f"http://{args.front_url}"
 
     @property
     def base(self) -> str:
@@ -212,8 +220,32 @@ class Target:
         return http_ok(f"{self.base}/v2/health/ready")
 
     def cpu_seconds(self) -> float | None:
-        """CPU time of the server's processes so far, when this command started the server."""
-        return self.server.cpu_seconds() if self.server is not None else None
+        """CPU time of the server's processes so far (and of the front it started), when this command started
+        the server."""
+        if self.server is None:
+            return None
+        front = 0.0
+        if self.front is not None and self.front.process is not None:
+            from tritonllm.server.launcher import process_cpu_seconds
+            front = process_cpu_seconds(self.front.process.pid)
+        return self.server.cpu_seconds() + front
+
+    def start_front(self) -> None:
+        """--via openai: the front at --front-url if it answers, else one started here against this Triton."""
+        if http_ok(f"{self.front_url}/health/ready"):
+            self.note += f" Every scheme went through the OpenAI front already running at {self.front_url}."
+            log(f"using the OpenAI front at {self.front_url}")
+            return
+        from tritonllm.openai.process import OpenAIFront
+        from tritonllm.server.launcher import find_free_ports
+
+        (port,) = find_free_ports(1)
+        self.front = OpenAIFront(self.grpc, port=port, log_file=self.out / "openai.log",
+                                 tokenizer=self.args.model if self.server is not None else None)
+        log(f"starting the OpenAI front on 127.0.0.1:{port} (log {self.front.log_file}) ...")
+        self.front.start()
+        self.front_url = self.front.root
+        self.note += f" Every scheme went through the OpenAI front (tritonllm-openai) this command started at {self.front_url}."
 
     def __enter__(self) -> "Target":
         args = self.args
@@ -250,6 +282,9 @@ class Target:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.front is not None:
+            log("stopping the OpenAI front")
+            self.front.stop(timeout=30)
         if self.server is not None:
             log("stopping tritonserver")
             self.server.stop()
@@ -281,6 +316,9 @@ def warm_up(url: str, body: dict, n: int) -> str | None:
 
 
 def warm_up_scheme(args, target: Target, scheme: str) -> str | None:
+    if scheme in SCHEMES and args.via == "openai":
+        body = {"model": SCHEMES[scheme], "prompt": "Hello", "max_tokens": 4, "ignore_eos": True}
+        return warm_up(f"{target.front_url}/v1/completions", body, args.warmup)
     if scheme in SCHEMES:
         body = {"text_input": "Hello", "max_tokens": 4, "ignore_eos": True, "exclude_input_in_output": True}
         return warm_up(f"{target.base}/v2/models/{SCHEMES[scheme]}/generate", body, args.warmup)
@@ -321,7 +359,10 @@ def open_loop_points(args, rates: list[float]) -> list[Point]:
 
 
 def locust_command(args, target: Target, scheme: str, point: Point, run_dir: Path) -> tuple[list[str], str]:
-    if scheme in SCHEMES:
+    if scheme in SCHEMES and args.via == "openai":  # the same model, through the OpenAI front
+        user_class = "OpenAIStreamUser"
+        where = ["--host", target.front_url, "--openai-model", SCHEMES[scheme]]
+    elif scheme in SCHEMES:
         user_class = USER_CLASSES[(scheme == "inflight", args.protocol)]
         where = ["--host", target.base, "--grpc-url", target.grpc, "--triton-model", SCHEMES[scheme]]
     else:  # the OpenAI-compatible server
@@ -447,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"workload: {workload.describe()}")
     with Target(args, out) as target:
         check_models(target, [SCHEMES[s] for s in args.schemes if s in SCHEMES])
+        if args.via == "openai":
+            target.start_front()
         from tritonllm.server.launcher import model_runs
 
         runs = model_runs(target.metrics)
@@ -466,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = (f" Open-loop points: {args.point_time:g} s of arrivals (at least {args.point_min_requests} requests), "
              f"at most {args.drain_time:g} s more to drain, ≤{args.max_users} requests in flight." if rates else "")
     notes = [f"Command: `{command}`", "", target.note, "",
-             f"Each scheme ran with the same requests (seed {args.seed}) over {args.protocol}; closed-loop runs: at "
+             f"Each scheme ran with the same requests (seed {args.seed}) over "
+             f"{'the OpenAI front (streaming /v1/completions)' if args.via == 'openai' else args.protocol}; closed-loop runs: at "
              f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s.{sweep} Total wall time "
              f"{time.monotonic() - t_start:.0f} s."]
     settings.notes = notes

@@ -463,3 +463,38 @@ def test_behind_nginx_openai_routes_go_to_the_front_and_streams_pass_as_they_com
         assert any("/v1/completions" in request for _, _, request in proxy.access_log())
     finally:
         proxy.stop()
+
+
+# ---------------------------------------------------------------- the main job through the front
+
+
+def test_compare_via_openai_runs_every_scheme_through_a_front_it_starts(triton_server, tmp_path):
+    """`tritonllm-compare --via openai`: no front at --front-url, so it starts one against the Triton,
+    runs each scheme with the OpenAI user (model llm_<scheme>), and stops the front at the end."""
+    import os
+    import subprocess
+    import sys
+
+    from tritonllm_loadtest.samples import load_samples
+
+    out = tmp_path / "results"
+    (free,) = find_free_ports(1)
+    cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never", "--via", "openai",
+           "--front-url", f"127.0.0.1:{free}", "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+           "--metrics-url", triton_server.metrics_url, "--schemes", "inflight,dynamic", "--max-requests", "8",
+           "--run-time", "60", "--output-tokens", "exp:6:24", "--quick", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "TRITONLLM_MODEL": "tiny"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "starting the OpenAI front" in proc.stdout and "stopping the OpenAI front" in proc.stdout
+    text = (out / "report.md").read_text()
+    assert "| inflight-c8 | inflight | openai-sse |" in text and "| dynamic-c8 | dynamic | openai-sse |" in text
+    assert "through the OpenAI front" in text
+    runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+    assert all(r["finished"] == 8 and r["errors"] == 0 for r in runs.values()), runs
+    assert runs["inflight"]["slot_utilisation"] is not None  # Triton's metrics still scraped per model
+    indexes = {s: sorted((x.index, x.expected_tokens, x.output_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
+               for s in runs}
+    assert indexes["inflight"] == indexes["dynamic"]  # the same requests, the exact token counts
+    assert all(expected == got for _, expected, got in indexes["inflight"])
+    log = (out / "openai.log").read_text()
+    assert "Application startup complete" in log and "Shutting down" in log
