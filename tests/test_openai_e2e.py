@@ -388,6 +388,7 @@ def test_benchmark_clients_payloads_run_unchanged_on_every_model(front):
     root = requests.get(f"{front.url}/models", timeout=10).json()["data"][0]["root"]  # vllm bench without --model
     assert root
     jobs = [(probe, model) for model in MODELS for probe in PROBES]
+    jobs += [(vllm_completions, "llm_static"), (aiperf_chat, "llm_static")]  # llm_static's batch of 8 at once
     results = together(*[lambda p=p, m=m: run_probe(front, p, m, 6) for p, m in jobs])
     for (probe, model), (ttft, text, output_tokens, saw_done) in zip(jobs, results):
         assert saw_done and ttft is not None and text, (probe.__name__, model)
@@ -498,3 +499,21 @@ def test_compare_via_openai_runs_every_scheme_through_a_front_it_starts(triton_s
     assert all(expected == got for _, expected, got in indexes["inflight"])
     log = (out / "openai.log").read_text()
     assert "Application startup complete" in log and "Shutting down" in log
+
+
+def test_without_triton_the_front_says_so_and_serves_on(tmp_path):
+    """A front whose Triton does not answer: health 503, requests 503 in OpenAI's shape, not a hang."""
+    grpc_port, port = find_free_ports(2)  # nothing listens on grpc_port
+    lonely = OpenAIFront(f"127.0.0.1:{grpc_port}", port=port, tokenizer="tiny", log_file=tmp_path / "openai.log")
+    lonely.start(ready=False)
+    try:
+        assert requests.get(f"{lonely.root}/health", timeout=10).status_code == 503
+        ready = requests.get(f"{lonely.root}/health/ready", timeout=10)
+        assert ready.status_code == 503 and ready.json()["triton"] == "not ready"
+        for route, body in (("completions", {"model": "llm_inflight", "prompt": "x"}),
+                            ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True})):
+            answer = requests.post(f"{lonely.url}/{route}", json=body, timeout=30)
+            assert answer.status_code == 503 and "does not answer" in answer.json()["error"]["message"], answer.text
+        assert requests.get(f"{lonely.url}/models", timeout=10).json() == {"object": "list", "data": []}
+    finally:
+        lonely.stop()

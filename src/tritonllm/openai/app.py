@@ -92,6 +92,8 @@ class Front:
             raise unknown_model(name, list(self.settings.models))
         model = await self.triton.model(name)
         if model is None:
+            if not await self.triton.live():
+                raise OpenAIError(503, f"Triton at {self.settings.grpc_url} does not answer; retry later")
             ready = [n for n, ok in (await self.triton.readiness()).items() if ok]
             raise unknown_model(name, ready)
         return model
@@ -174,7 +176,7 @@ class Front:
             self.metrics.cancelled.inc(endpoint, model.name)
             return self.finished(endpoint, model.name, 499, t0, Response(status_code=499))
         except UpstreamError as exc:
-            return self.refused(endpoint, model.name, from_upstream(exc.message, exc.status, model.name), t0)
+            return self.refused(endpoint, model.name, from_upstream(exc.message, exc.status, model.name), running=True)
         total = usage(choices, req.n)
         self.count_tokens(model.name, total)
         build = responses.chat_completion if chat else responses.completion
@@ -196,7 +198,7 @@ class Front:
             return self.finished(endpoint, model, 499, t0, Response(status_code=499))
         except UpstreamError as exc:
             await pieces.aclose()
-            return self.refused(endpoint, model, from_upstream(exc.message, exc.status, model), t0)
+            return self.refused(endpoint, model, from_upstream(exc.message, exc.status, model), running=True)
         self.metrics.ttft.observe(time.monotonic() - t0, model)
 
         async def body():
@@ -243,8 +245,9 @@ class Front:
         self.metrics.latency.observe(time.monotonic() - t0, endpoint, model)
         return response
 
-    def refused(self, endpoint: str, model: str, exc: OpenAIError, t0: float | None = None) -> JSONResponse:
-        if t0 is not None:
+    def refused(self, endpoint: str, model: str, exc: OpenAIError, running: bool = False) -> JSONResponse:
+        """The error response; `running`: the request was counted as running (it no longer is)."""
+        if running:
             self.metrics.running.dec(model)
         self.metrics.requests.inc(endpoint, model, str(exc.status))
         self.metrics.errors.inc(endpoint, model, exc.type)

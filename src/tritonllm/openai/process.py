@@ -57,8 +57,11 @@ class OpenAIFront:
             cmd += ["--tokenizer", self.tokenizer]
         return cmd + self.extra_args
 
-    def start(self) -> "OpenAIFront":
-        """Start it and wait until /health/ready answers 200 (Triton, its models and the tokenizer ready)."""
+    def start(self, ready: bool = True) -> "OpenAIFront":
+        """Start it and wait until /health/ready answers 200 (Triton, its models and the tokenizer ready);
+        `ready=False`: only until it answers at all."""
+        if self.process is not None:
+            raise RuntimeError("tritonllm-openai already started")
         env = {**os.environ, **self.env}
         if self.api_key:
             env["TRITONLLM_API_KEY"] = self.api_key  # not on the command line, where `ps` shows it
@@ -73,7 +76,8 @@ class OpenAIFront:
                 self.process = None
                 raise FrontStartError(f"tritonllm-openai exited with code {code}; last lines of {self.log_file}:\n"
                                       + "\n".join(self.read_log().splitlines()[-15:]))
-            if _status(f"{self.root}/health/ready") == 200:
+            status = _status(f"{self.root}/health/ready")
+            if status == 200 or (status is not None and not ready):
                 return self
             if time.monotonic() > deadline:
                 self.stop()
