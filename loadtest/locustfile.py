@@ -275,6 +275,22 @@ class TritonLLMUser:
             STATE.t0 = time.monotonic()
         return STATE.t0
 
+    def _fire_stages(self, sample: Sample, fire_e2e: bool) -> None:
+        if sample.interrupted:
+            return  # cut off by the end of the run: kept in the samples, no Locust event
+        if sample.error is not None:
+            if fire_e2e:
+                self._fire("e2e", sample.e2e or 0.0, sample.output_tokens, RuntimeError(sample.error))
+            return
+        if self.streams and sample.ttft is not None:  # None: a stream with no piece
+            self._fire("ttft", sample.ttft, sample.output_tokens)
+            for gap in sample.itl:
+                self._fire("itl", gap, 1)
+        if self.streams and sample.tpot is not None:
+            self._fire("tpot", sample.tpot, sample.output_tokens)
+        if fire_e2e:
+            self._fire("e2e", sample.e2e, sample.output_tokens)
+
     def _fire(self, name, seconds, length, exception=None):
         self.environment.events.request.fire(request_type=self.request_type, name=name,
                                              response_time=seconds * 1000.0, response_length=length,
@@ -297,21 +313,13 @@ class TritonLLMUser:
         self._record(sample, fire_e2e=False)
 
     def _record(self, sample: Sample, fire_e2e: bool = True):
-        """Locust events for each stage, then the raw sample (to the file, or to the master)."""
-        if sample.interrupted:
-            pass  # cut off by the end of the run: kept in the samples, no Locust event
-        elif sample.error is not None:
-            if fire_e2e:
-                self._fire("e2e", sample.e2e or 0.0, sample.output_tokens, RuntimeError(sample.error))
-        else:
-            if self.streams:
-                self._fire("ttft", sample.ttft, sample.output_tokens)
-                for gap in sample.itl:
-                    self._fire("itl", gap, 1)
-                if sample.tpot is not None:
-                    self._fire("tpot", sample.tpot, sample.output_tokens)
-            if fire_e2e:
-                self._fire("e2e", sample.e2e, sample.output_tokens)
+        """Locust events for each stage, then the raw sample (to the file, or to the master).
+        The sample is counted whatever happens to the events: a lost sample would hold the run
+        until its time bound (--max-requests counts samples)."""
+        try:
+            self._fire_stages(sample, fire_e2e)
+        except Exception:  # noqa: BLE001
+            log.exception("firing the Locust events of request %d failed", sample.index)
         line = sample.to_json()
         if sample.error is not None:
             gevent.sleep(ERROR_BACKOFF_S)  # a failing server is not hammered by a tight retry loop

@@ -130,9 +130,15 @@ def openai_completion_body(spec: RequestSpec, model: str) -> dict[str, Any]:
 
 
 def openai_event(event: dict[str, Any]) -> tuple[int, int | None]:
-    """(pieces with text in this event: 0 or 1, completion_tokens if the event carries usage)."""
+    """(streamed pieces in this event: 0 or 1, completion_tokens if the event carries usage).
+
+    A piece is a choice with text, or a choice of a step still going (`finish_reason` null) whose
+    text is empty: vLLM sends those for tokens without text of their own (a special token, a
+    character's first bytes), and counts them in its own TTFT. A closing choice with no text
+    (llama.cpp's last event) and the usage event (`choices: []`) are not pieces."""
     usage = event.get("usage") or {}
     choices = event.get("choices") or []
-    has_text = any(choice.get("text") for choice in choices)
+    piece = any(choice.get("text") or ("text" in choice and choice.get("finish_reason") is None)
+                for choice in choices)
     completion = usage.get("completion_tokens")
-    return int(has_text), int(completion) if completion is not None else None
+    return int(piece), int(completion) if completion is not None else None

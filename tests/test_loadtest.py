@@ -12,6 +12,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -476,27 +477,55 @@ def test_compare_fails_above_error_threshold(triton_server, tmp_path):
 class _FakeCompletions:
     """Unit-test peer of OpenAIStreamUser: a loopback server that streams `/v1/completions` as
     OpenAI-compatible servers do (one text piece per token, a usage event, [DONE]) and keeps the bodies.
-    The real peer, llama.cpp's llama-server, runs in `tritonllm-bench-llamacpp`."""
+    `vllm_style`: as vLLM's server does it (HTTP/1.1 chunked, `usage: null` in every event, the
+    finish reason on the last token's event, and events with empty text for tokens without text of
+    their own: every token of a request whose max_tokens is a multiple of 5).
+    The real peers, llama.cpp's and vLLM's servers, run in `tritonllm-bench-peers`."""
 
-    def __init__(self):
+    def __init__(self, vllm_style: bool = False):
         import http.server
         import threading
 
         bodies = self.bodies = []
+        self.textless = 0
+        fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if vllm_style else "HTTP/1.0"
+
+            def handle(self):
+                try:
+                    super().handle()
+                except ConnectionResetError:  # the client closed a kept-alive connection
+                    pass
+
+            def event(self, payload: str) -> None:
+                data = f"data: {payload}\n\n".encode()
+                if vllm_style:  # one HTTP chunk per event
+                    data = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+                self.wfile.write(data)
+                self.wfile.flush()
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 bodies.append(body)
+                n = body["max_tokens"]
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
+                if vllm_style:
+                    self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for i in range(body["max_tokens"]):
-                    chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
-                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                    self.wfile.flush()
-                usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"], "prompt_tokens": 3}}
-                self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+                textless = vllm_style and n % 5 == 0
+                fake.textless += textless
+                for i in range(n):
+                    choice = {"index": 0, "text": "" if textless else f" t{i}", "finish_reason": None}
+                    if vllm_style and i == n - 1:
+                        choice["finish_reason"] = "length"
+                    self.event(json.dumps({"choices": [choice], **({"usage": None} if vllm_style else {})}))
+                self.event(json.dumps({"choices": [], "usage": {"completion_tokens": n, "prompt_tokens": 3}}))
+                self.event("[DONE]")
+                if vllm_style:
+                    self.wfile.write(b"0\r\n\r\n")
 
             def log_message(self, *args):
                 pass
@@ -533,6 +562,30 @@ def test_openai_user_sends_the_same_workload_and_times_the_stream(tmp_path):
     assert sent == sorted((work.request(s.index).prompt, s.expected_tokens) for s in samples)
     assert all(b["ignore_eos"] is True and b["stream"] is True and b["model"] == "smollm2" and b["temperature"] == 0
                for b in fake.bodies)
+
+
+def test_openai_user_counts_every_request_of_a_vllm_style_stream(tmp_path):
+    """A request whose every event has empty text (tokens without text of their own) was never counted
+    as finished against vLLM's server: the run waited out its time bound and Locust exited 1."""
+    fake = _FakeCompletions(vllm_style=True)
+    started = time.monotonic()
+    try:
+        cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "-u", "4", "-r", "4", "-t", "120s",
+               "--host", fake.url, "--only-summary", "--samples-file", str(tmp_path / "samples.jsonl"),
+               "--max-requests", "16", "--output-tokens", "exp:6:24", "OpenAIStreamUser"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    finally:
+        fake.close()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.monotonic() - started < 100, "the run waited for its time bound"
+    assert fake.textless > 0, "no request had a stream without text: the test does not test the bug"
+    samples = load_samples(tmp_path / "samples.jsonl")
+    assert len(samples) == 16 and all(s.ok for s in samples), [s.error for s in samples]
+    for s in samples:
+        assert s.output_tokens == s.expected_tokens  # from usage
+        # Empty-text steps are pieces too; a closing event without text (the last of a textless stream) is not.
+        textless = s.expected_tokens % 5 == 0
+        assert s.ttft is not None and len(s.itl) == s.expected_tokens - 1 - textless
 
 
 def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_path):

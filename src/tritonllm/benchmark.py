@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
 import time
 
@@ -86,6 +87,43 @@ def run_ceiling(model, tokenizer, workload, slots: int, quantization: str | None
         lengths = [length + 1 for length in lengths]
     elapsed = time.perf_counter() - start
     return {"tokens": steps * slots, "seconds": elapsed, "tokens_per_s": steps * slots / elapsed, "steps": steps}
+
+
+def run_closed_loop(engine: LLMEngine, workload, users: int) -> dict:
+    """`users` clients, each sending its next request when its last one ends, to the engine's own thread
+    (what Locust's closed loop does to llm_inflight, without Triton, gRPC or Locust): the in-process
+    side of served / in-process. The engine is started here and shut down at the end."""
+    finished: queue.Queue = queue.Queue()
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
+    pending = iter(zip(workload, params))
+    ttfts = []
+
+    def on_output(out) -> None:
+        if out.finished:
+            finished.put(out)
+
+    def send() -> bool:
+        item = next(pending, None)
+        if item is not None:
+            (prompt, _), p = item
+            engine.add_request(prompt, p, on_output)
+        return item is not None
+
+    engine.start()
+    start = time.perf_counter()
+    in_flight = sum(send() for _ in range(users))
+    tokens = 0
+    while in_flight:
+        out = finished.get(timeout=600)
+        if out.error:
+            raise RuntimeError(f"in-process request failed: {out.error}")
+        tokens += out.num_output_tokens
+        ttfts.append(out.first_token_time - out.arrival_time)
+        in_flight += send() - 1
+    elapsed = time.perf_counter() - start
+    engine.shutdown()
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "ttft_p50": statistics.median(ttfts), "requests": len(ttfts)}
 
 
 DECODE_CASES = [("8 x 128", [128] * 8), ("32 x 128", [128] * 32), ("8 x 32", [32] * 8),
