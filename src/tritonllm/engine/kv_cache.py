@@ -22,8 +22,14 @@ class SlotKVCache:
         self.max_model_len = max_model_len
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, key_value: torch.Tensor) -> None:
-        """Store (tokens, 2 kv_heads, head_dim) keys then values at (slot, position) of each token."""
-        self.layers[layer][:, slots, positions] = key_value.transpose(0, 1)
+        """Store (tokens, 2 kv_heads, head_dim) keys then values at (slot, position) of each token.
+
+        `index_copy_` over (slot, position) flattened into one index: assigning through two index
+        tensors (`layer[:, slots, positions] = ...`) took time proportional to the whole cache on CPU
+        (25 ms a step at 8 slots x 2,048 against 0.2 ms, measured)."""
+        kv = self.layers[layer]
+        flat = kv.view(kv.shape[0], -1, kv.shape[-1])  # (2 kv_heads, slots * max_model_len, head_dim)
+        flat.index_copy_(1, slots * self.max_model_len + positions, key_value.transpose(0, 1))
 
     def view(self, layer: int, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of one slot's first `length` tokens, as (kv_heads, length, head_dim) views."""

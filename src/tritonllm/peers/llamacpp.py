@@ -64,7 +64,13 @@ def bundled_gguf(weights: str) -> Path:
     if not out.exists():
         source = home() / "src" / "vendor" / "llama.cpp"
         log(f"converting {bundled_dir()} to {out} with llama.cpp's convert_hf_to_gguf.py")
-        env = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
+        # The converter imports sentencepiece before it falls back to the model's BPE tokenizer: a
+        # target directory of its own keeps it out of the project's environment.
+        extra = home() / "convert-deps"
+        if not (extra / "sentencepiece").exists():
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(extra),
+                            "sentencepiece==0.2.1"], check=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source / "gguf-py"), str(extra)])}
         subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(bundled_dir()),
                         "--outtype", "bf16", "--outfile", str(out)], check=True, env=env)
     return out
