@@ -177,6 +177,9 @@ class Front:
             return self.finished(endpoint, model.name, 499, t0, Response(status_code=499))
         except UpstreamError as exc:
             return self.refused(endpoint, model.name, from_upstream(exc.message, exc.status, model.name), running=True)
+        except Exception as exc:  # a bug here must not leave the request counted as running
+            log.exception("%s %s failed", endpoint, model.name)
+            return self.refused(endpoint, model.name, OpenAIError(500, f"internal error: {exc}"), running=True)
         total = usage(choices, req.n)
         self.count_tokens(model.name, total)
         build = responses.chat_completion if chat else responses.completion
@@ -222,6 +225,11 @@ class Front:
                 status, done = error.status, True
                 self.metrics.errors.inc(endpoint, model, error.type)
                 yield writer.error(error.body())
+            except Exception as exc:  # a bug here still ends the stream, with an error event
+                log.exception("%s %s: the stream failed", endpoint, model)
+                status, done = 500, True
+                self.metrics.errors.inc(endpoint, model, "server_error")
+                yield writer.error(OpenAIError(500, f"internal error: {exc}").body())
             finally:
                 await pieces.aclose()
                 if not done:  # cancelled: the client went away
