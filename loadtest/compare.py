@@ -45,6 +45,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from tritonllm_loadtest.arrivals import ArrivalSchedule
@@ -415,8 +416,10 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 class Comparison:
     """Runs points against the schemes and keeps their summaries."""
 
-    def __init__(self, args, target: Target, workload: Workload, out: Path):
+    def __init__(self, args, target: Target, workload: Workload, out: Path,
+                 before_scheme: Callable[[str], None] | None = None):
         self.args, self.target, self.workload, self.out = args, target, workload, out
+        self.before_scheme = before_scheme
         self.summaries: list[RunSummary] = []
         self.warm: set[str] = set()
 
@@ -428,6 +431,8 @@ class Comparison:
         name = point.name(scheme)
         run_dir = self.out / "runs" / name
         run_dir.mkdir(parents=True, exist_ok=True)
+        if self.before_scheme is not None:
+            self.before_scheme(scheme)
         if scheme not in self.warm:  # once per scheme: later points find the model warm
             problem = warm_up_scheme(args, target, scheme)
             if problem:
@@ -476,7 +481,9 @@ def sweep_rates(args, closed: list[RunSummary]) -> list[float]:
     return rates
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | None = None) -> int:
+    """`before_scheme(scheme)` (for programs that call this) runs before each scheme's run: e.g. to pause a
+    peer server whose idle threads would take CPU from the others' rows."""
     args = parse_args(argv)
     workload = Workload(load_prompts(args.prompts_file or None), args.output_tokens, args.prompt_words,
                         args.seed, args.temperature)  # validates the flags before anything starts
@@ -495,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = model_runs(target.metrics)
         target.note += " Models run: " + (", ".join(f"{m} in {r}" for m, r in sorted(runs.items())) or "unknown") + "."
         log(target.note)
-        comparison = Comparison(args, target, workload, out)
+        comparison = Comparison(args, target, workload, out, before_scheme)
         closed = [s for point in closed_loop_points(args) for s in comparison.run(point)]
         rates = [] if args.rates == "none" else sweep_rates(args, closed)
         for point in open_loop_points(args, rates):

@@ -10,7 +10,8 @@ same requests and users (served / in-process: what serving costs).
     tritonllm-bench-peers -- --protocol http                # anything after -- goes to tritonllm-compare
 
 Each (slots, mix, peer) is one `tritonllm-compare` run with two rows, so every ratio is measured side
-by side; results.md and results.json in --out gather them. A benchmark, not a test: the installs need
+by side; the peer is paused (SIGSTOP) while llm_inflight's row runs (an idle llama-server's threads
+cut llm_inflight's tokens/s by 65 % here); results.md and results.json in --out gather them. A benchmark, not a test: the installs need
 the network once (PyPI) and the runs need minutes of CPU.
 """
 
@@ -68,7 +69,14 @@ def compare_run(out: Path, triton: TritonServer, peer, slots: int, requests: int
             "--openai-url", peer.url, "--openai-name", peer.name, "--openai-model", "bundled",
             "--concurrency", str(slots), "--max-requests", str(requests), "--run-time", "600",
             "--output-tokens", mix[0], "--prompt-words", mix[1], "--quick", "--out", str(out), *extra]
-    code = compare.main(args)
+
+    def pause_all_but(scheme: str) -> None:
+        (peer.resume if scheme == peer.name else peer.pause)()
+
+    try:
+        code = compare.main(args, before_scheme=pause_all_but)
+    finally:
+        peer.resume()
     runs = json.loads((out / "summary.json").read_text())["runs"]
     return {"exit": code, "runs": {r["scheme"]: r for r in runs}}
 
