@@ -42,3 +42,26 @@ def test_benchmark_compares_dtypes_and_measures_batch_invariance(tmp_path, capsy
     assert 0 <= results["match"]["identical"] <= 5
     printed = capsys.readouterr().out
     assert "ceiling / ceiling-float32" in printed and "engine / engine-int8" in printed
+
+
+def test_closed_loop_in_process_keeps_users_busy_and_counts_every_token():
+    """The in-process side of served / in-process (tritonllm-bench-peers): `users` requests in flight,
+    the next sent when one ends, on an engine started as llm_inflight starts it."""
+    from tritonllm.engine.llm_engine import LLMEngine
+    from tritonllm.engine.scheduler import SchedulerConfig
+    from tritonllm.models import load_model
+
+    workload = benchmark.make_workload(7, "exp:6:16", "uniform:3:12", 1)
+
+    def build():
+        model, tokenizer = load_model("tiny", "cpu")
+        return LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=3, max_model_len=256))
+
+    engine = LLMEngine.start_in_thread(build)
+    try:
+        result = benchmark.run_closed_loop(engine, workload, users=3)
+    finally:
+        engine.shutdown()
+    assert result["requests"] == 7 and result["tokens"] == sum(n for _, n in workload)
+    assert result["tokens_per_s"] > 0 and result["ttft_p50"] > 0
+    assert engine.stats.requests_scheduled == 7

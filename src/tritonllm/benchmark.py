@@ -90,9 +90,10 @@ def run_ceiling(model, tokenizer, workload, slots: int, quantization: str | None
 
 
 def run_closed_loop(engine: LLMEngine, workload, users: int) -> dict:
-    """`users` clients, each sending its next request when its last one ends, to the engine's own thread
-    (what Locust's closed loop does to llm_inflight, without Triton, gRPC or Locust): the in-process
-    side of served / in-process. The engine is started here and shut down at the end."""
+    """`users` clients, each sending its next request when its last one ends, to a running engine's own
+    thread (what Locust's closed loop does to llm_inflight, without Triton, gRPC or Locust): the
+    in-process side of served / in-process. Start the engine as llm_inflight does
+    (`LLMEngine.start_in_thread`: torch only on the engine's thread)."""
     finished: queue.Queue = queue.Queue()
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0) for _, n in workload]
     pending = iter(zip(workload, params))
@@ -109,7 +110,6 @@ def run_closed_loop(engine: LLMEngine, workload, users: int) -> dict:
             engine.add_request(prompt, p, on_output)
         return item is not None
 
-    engine.start()
     start = time.perf_counter()
     in_flight = sum(send() for _ in range(users))
     tokens = 0
@@ -121,7 +121,6 @@ def run_closed_loop(engine: LLMEngine, workload, users: int) -> dict:
         ttfts.append(out.first_token_time - out.arrival_time)
         in_flight += send() - 1
     elapsed = time.perf_counter() - start
-    engine.shutdown()
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "ttft_p50": statistics.median(ttfts), "requests": len(ttfts)}
 

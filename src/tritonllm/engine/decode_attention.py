@@ -11,7 +11,8 @@ slots x longest: one long request made every row pay for its length (7 rows at 3
 
 `cut` is chosen per step by a cost model measured on this CPU (a padded key of the batched call
 costs 1, a key of a lone call ~1.4, a lone call ~500 keys): a few long rows get their own calls,
-rows of similar length stay together. Off CPU (not measured there) the batched call covers every row (cut = longest).
+rows of similar length stay together. Off CPU (not measured there) the batched call covers every
+row (cut = longest).
 """
 
 from __future__ import annotations

@@ -82,27 +82,35 @@ def compare_run(out: Path, triton: TritonServer, peer, slots: int, requests: int
 
 
 def in_process_run(repository: Path, slots: int, requests: int, mix: tuple[str, str], seed: int) -> dict:
-    """The same requests and closed loop against the engine in this process."""
+    """The same requests and closed loop against the engine in this process, started as llm_inflight
+    starts it (model loaded and stepped on one thread of its own)."""
     from tritonllm.benchmark import make_workload, run_closed_loop
     from tritonllm.engine.llm_engine import LLMEngine
     from tritonllm.engine.scheduler import SchedulerConfig
     from tritonllm.models import load_model
 
-    model, tokenizer = load_model("bundled", "cpu", "auto")
-    engine = LLMEngine(model, tokenizer, SchedulerConfig(**engine_settings(repository)))
-    workload = make_workload(requests, mix[0], mix[1], seed)
-    run_closed_loop(engine, workload[:slots], slots)  # warm-up, as compare warms each model
-    engine = LLMEngine(model, tokenizer, SchedulerConfig(**engine_settings(repository)))
-    return run_closed_loop(engine, workload, slots)
+    def build() -> LLMEngine:
+        model, tokenizer = load_model("bundled", "cpu", "auto")
+        return LLMEngine(model, tokenizer, SchedulerConfig(**engine_settings(repository)))
+
+    engine = LLMEngine.start_in_thread(build)
+    try:
+        workload = make_workload(requests, mix[0], mix[1], seed)
+        run_closed_loop(engine, workload[:slots], slots)  # warm-up, as compare warms each model
+        return run_closed_loop(engine, workload, slots)
+    finally:
+        engine.shutdown()
 
 
 def peer_server(name: str, prepared: dict, slots: int, threads: int, args, log_file: Path):
     from tritonllm.peers import llamacpp, vllm_cpu
 
+    cache = not args.no_peer_prompt_cache
     if name == "llama.cpp":
         binary, gguf = prepared[name]
-        return llamacpp.llama_server(binary, gguf, slots, threads, args.max_model_len, log_file)
-    return vllm_cpu.vllm_server(prepared[name], slots, threads, args.max_model_len, args.kv_cache_gib, log_file)
+        return llamacpp.llama_server(binary, gguf, slots, threads, args.max_model_len, log_file, cache)
+    return vllm_cpu.vllm_server(prepared[name], slots, threads, args.max_model_len, args.kv_cache_gib, log_file,
+                                cache)
 
 
 def prepare_peers(names: list[str], args) -> dict:
@@ -147,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="bf16: the same weights as llm_inflight; q4_1: the GGUF the model package ships")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel jobs building llama-server")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process engine runs")
+    p.add_argument("--no-peer-prompt-cache", action="store_true",
+                   help="peers compute every prompt, as llm_inflight does (by default both reuse the KV of "
+                        "prompts seen before, and the workloads repeat their prompts)")
     p.add_argument("--install-only", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="results directory (default results/peers-<timestamp>)")

