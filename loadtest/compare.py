@@ -241,7 +241,8 @@ class Target:
         from tritonllm.server.launcher import find_free_ports
 
         (port,) = find_free_ports(1)
-        self.front = OpenAIFront(self.grpc, port=port, log_file=self.out / "openai.log",
+        models = [SCHEMES[s] for s in self.args.schemes if s in SCHEMES]  # a Triton may serve only these
+        self.front = OpenAIFront(self.grpc, port=port, models=models, log_file=self.out / "openai.log",
                                  tokenizer=self.args.model if self.server is not None else None)
         log(f"starting the OpenAI front on 127.0.0.1:{port} (log {self.front.log_file}) ...")
         self.front.start()
