@@ -98,6 +98,13 @@ class Front:
             raise unknown_model(name, ready)
         return model
 
+    async def read_body(self, request: Request, model_class, route: str):
+        """The checked API key, then the body parsed as `model_class`, its unknown fields logged once."""
+        self.check_key(request)
+        req = parse_body(await request.body(), model_class)
+        unknown_fields(route, req)
+        return req
+
     def check_key(self, request: Request) -> None:
         key = self.settings.api_key
         if not key:
@@ -156,9 +163,8 @@ class Front:
         t0 = time.monotonic()
         model_name = "-"
         try:
-            self.check_key(request)
-            req = parse_body(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
-            unknown_fields(f"/v1/{'chat/' if chat else ''}completions", req)
+            req = await self.read_body(request, ChatCompletionRequest if chat else CompletionRequest,
+                                       f"/v1/{'chat/' if chat else ''}completions")
             model = await self.served(req.model)
             model_name = model.name
             choices = await self.choices(chat, req, model)
@@ -382,9 +388,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
     async def tokenize(request: Request):
-        front.check_key(request)
-        req = parse_body(await request.body(), TokenizeRequest)
-        unknown_fields("/tokenize", req)
+        req = await front.read_body(request, TokenizeRequest, "/tokenize")
         model = await front.served(req.model)
         tokenizer = await front.tokenizer()
         if (req.prompt is None) == (req.messages is None):
@@ -399,9 +403,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/detokenize")
     @app.post("/v1/detokenize")
     async def detokenize(request: Request):
-        front.check_key(request)
-        req = parse_body(await request.body(), DetokenizeRequest)
-        unknown_fields("/detokenize", req)
+        req = await front.read_body(request, DetokenizeRequest, "/detokenize")
         await front.served(req.model)
         return {"prompt": (await front.tokenizer()).decode(req.tokens)}
 
