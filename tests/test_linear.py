@@ -42,9 +42,9 @@ def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
     full = linear(x, prepared)
     for rows in ROW_COUNTS:
         assert torch.equal(linear(x[:rows], prepared), full[:rows]), f"{name}: {rows} rows differ"
-        assert torch.equal(linear(x[rows - 1:rows], prepared), full[rows - 1:rows])
-    if quantization == "none":  # the prepacked kernel gives aten::mm's bits at one row
-        assert torch.equal(linear(x[:1], prepared), F.linear(x[:1], weight))
+    # every row alone (a decode step of one sequence): oneDNN once summed a lone row in another order
+    lone = [row for row in range(len(x)) if not torch.equal(linear(x[row:row + 1], prepared), full[row:row + 1])]
+    assert not lone, f"{name}: {len(lone)} of {len(x)} rows differ alone, first {lone[:5]}"
 
 
 def test_prepacked_weight_keeps_the_bias_and_the_values():

@@ -13,6 +13,13 @@ slots x longest: one long request made every row pay for its length (7 rows at 3
 costs 1, a key of a lone call ~1.4, a lone call ~500 keys): a few long rows get their own calls,
 rows of similar length stay together. Off CPU (not measured there) the batched call covers every
 row (cut = longest).
+
+Batch invariance: a row's result must not depend on the other rows. CPU's flash kernel gives a
+row the same bits over any number of keys past its own, masked, once that number is a multiple
+of 16 (measured; shorter paddings round differently, and its small-gemm fallback below
+16 x 16 x 16 multiply-adds is another code path). So every call, batched or lone, attends over a
+multiple of `KEY_PAD` keys, masked to each row's own: alone or beside any others, a row is
+computed over the same keys in the same order.
 """
 
 from __future__ import annotations
@@ -22,6 +29,12 @@ import torch.nn.functional as F
 
 LONE_KEY_COST = 1.4  # a key attended in a row's own call, against 1 for a key of the batched call
 LONE_CALL_COST = 500  # a call of its own, in batched keys (measured, AMD EPYC, bf16)
+KEY_PAD = 64  # every call attends over a multiple of this many keys (see above)
+
+
+def padded(length: int) -> int:
+    """The keys a call over `length` true keys attends to: rounded up to a multiple of KEY_PAD."""
+    return -(-length // KEY_PAD) * KEY_PAD
 
 
 def choose_cut(lengths: list[int], span: int, lone_calls: bool) -> int:
@@ -62,9 +75,10 @@ class DecodeAttention:
             if n <= self.cut:
                 visible[slot] = n
         visible_t = torch.tensor(visible, device=device)
-        keep = torch.arange(self.cut, device=device)[None, :] < visible_t[:, None]
-        self.mask = keep[:, None, None, :]  # (span, 1, 1, cut)
+        keys = torch.arange(padded(max(lengths)), device=device)
+        self.mask = (keys[None, :padded(self.cut)] < visible_t[:, None])[:, None, None, :]  # (span, 1, 1, keys)
         self.lone = [(slot, n) for slot, n in zip(slots, lengths) if n > self.cut]
+        self.lone_masks = {n: (keys[:padded(n)] < n)[None, None, None, :] for _, n in self.lone}
 
     def __call__(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """q: (tokens, heads, dim) of the whole step; kv: the layer's cache (2 kv_heads, slots, len, dim).
@@ -73,11 +87,13 @@ class DecodeAttention:
         kvh = self.num_kv_heads
         # Query heads grouped by the KV head they share (GQA) instead of repeating keys.
         queries = (q[:self.span] if self.in_order else q[self.gather]).view(self.span, kvh, heads // kvh, dim)
-        keys_values = kv[:, :self.span, :self.cut].transpose(0, 1)
+        keys_values = kv[:, :self.span, :self.mask.shape[-1]].transpose(0, 1)
         out = F.scaled_dot_product_attention(queries, keys_values[:, :kvh], keys_values[:, kvh:],
                                              attn_mask=self.mask, scale=self.scaling)
         for slot, n in self.lone:  # 4-D, so that CPU takes the flash kernel (3-D takes the math one)
-            out[slot:slot + 1] = F.scaled_dot_product_attention(queries[slot:slot + 1], kv[None, :kvh, slot, :n],
-                                                                kv[None, kvh:, slot, :n], scale=self.scaling)
+            mask = self.lone_masks[n]
+            lone_kv = kv[None, :, slot, :mask.shape[-1]]
+            out[slot:slot + 1] = F.scaled_dot_product_attention(queries[slot:slot + 1], lone_kv[:, :kvh],
+                                                                lone_kv[:, kvh:], attn_mask=mask, scale=self.scaling)
         out = out.reshape(self.span, heads, dim)
         return out if self.in_order else out[self.slots]

@@ -3,9 +3,10 @@
 - bfloat16 / float16 on CPU: oneDNN with the weight reordered once into its blocked layout
   (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`). A decode step streams
   every weight once; from a prepacked weight oneDNN streams about 2x faster than `aten::mm`
-  at 8 rows (docs/benchmarks.md). Its rows are bit-equal to `aten::mm` at one row, and a row's
-  result does not depend on how many rows share the call (tested for every shape of the
-  bundled model).
+  at 8 rows (docs/benchmarks.md). A row's result does not depend on how many rows share the
+  call (tested for every shape of the bundled model, every row alone against all together):
+  oneDNN sums a lone row in another order (a few outputs in 10^4 differed by one bf16 ulp, the
+  1536-wide `down` of the bundled model), so a lone row is multiplied as two.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
   the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
@@ -57,7 +58,9 @@ def nbytes(weight) -> int:
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias."""
     if isinstance(weight, PackedWeight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [], "")
+        rows = x if x.shape[0] > 1 else x.repeat(2, 1)  # a lone row as two: see the module's notes
+        out = torch.ops.mkldnn._linear_pointwise(rows, weight.packed, bias, "none", [], "")
+        return out if x.shape[0] > 1 else out[:1]
     if isinstance(weight, Int8Weight):
         out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
         return out if bias is None else out + bias

@@ -21,6 +21,7 @@ from typing import Callable
 from tritonllm.engine import faults
 from tritonllm.engine.detokenizer import OutputText
 from tritonllm.engine.model_runner import Chunk, ModelRunner
+from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
@@ -48,7 +49,7 @@ class LLMEngine:
     def __init__(self, model, tokenizer, config: SchedulerConfig | None = None, quantization: str | None = None):
         self.config = config or SchedulerConfig()
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(self.config)
+        self.scheduler = Scheduler(self.config, chunk_align=PREFILL_TILE)
         self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)

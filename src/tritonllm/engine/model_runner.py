@@ -7,8 +7,10 @@ new keys and values with one write. Every matmul goes through linear.py, which p
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
 `F.linear` in float32). In float32 the logits equal the model's own forward bit for bit
 (tested). Attention and the KV cache are ours: each sequence attends to its own slot in
-`SlotKVCache`, so past keys/values are never copied; prompt chunks attend over their own slot,
-and the step's decodes attend at a cost that follows their true lengths (decode_attention.py).
+`SlotKVCache`, so past keys/values are never copied; prompt chunks attend over their own slot in
+tiles fixed by position (prefill_attention.py), and the step's decodes attend at a cost that
+follows their true lengths (decode_attention.py). Both make a sequence's result independent of
+the others in the step (batch invariance, tested in bf16 too).
 Logits are computed only at each sequence's last scheduled token, and only where a token is
 sampled.
 
@@ -24,10 +26,11 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention
+from tritonllm.engine.decode_attention import DecodeAttention, padded
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
+from tritonllm.engine.prefill_attention import prefill_attention
 from tritonllm.engine.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
 
@@ -91,7 +94,7 @@ class ModelRunner:
         self.num_kv_heads = self.config.num_key_value_heads
         self.scaling = attn.scaling
         self.max_model_len = max_model_len
-        self.cache = SlotKVCache(len(self.layers), num_slots, max_model_len, self.num_kv_heads,
+        self.cache = SlotKVCache(len(self.layers), num_slots, padded(max_model_len), self.num_kv_heads,
                                  self.head_dim, self.dtype, self.device)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
@@ -134,7 +137,8 @@ class ModelRunner:
                 if decodes is not None:
                     out[decodes.rows] = decodes(q, self.cache.layers[layer_idx])
                 for off, n, slot, start in prompt_chunks:
-                    out[off:off + n] = self._attend_chunk(q[off:off + n], layer_idx, slot, start)
+                    out[off:off + n] = prefill_attention(q[off:off + n], self.cache.layers[layer_idx], slot,
+                                                         start, kv_heads, self.scaling)
             hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
             gate, up = linear(rms_norm(hidden, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
             hidden = hidden + linear(self.act(gate) * up, w.down)
@@ -143,21 +147,6 @@ class ModelRunner:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=dev)])
         return linear(picked, self.lm_head_weight, self.model.lm_head.bias).float()
-
-    def _attend_chunk(self, q: torch.Tensor, layer_idx: int, slot: int, start: int) -> torch.Tensor:
-        """Causal attention of a prompt chunk (n, heads, dim) over the slot's first start + n keys."""
-        n = q.shape[0]
-        length = start + n
-        k, v = self.cache.view(layer_idx, slot, length)
-        mask = None
-        if start > 0:  # a chunk after earlier chunks: causal with an offset
-            rows = torch.arange(start, length, device=q.device)[:, None]
-            mask = torch.arange(length, device=q.device)[None, :] <= rows
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k, v, attn_mask=mask, is_causal=start == 0, scale=self.scaling,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return out.transpose(0, 1)
 
     def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:
         """One decode step for every slot at the given lengths: the runner's speed limit (benchmarks)."""

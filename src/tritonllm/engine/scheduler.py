@@ -4,7 +4,9 @@ Pure Python (no torch), so it is tested on its own. Each step:
 1. every running sequence that is decoding gets one token;
 2. running sequences still in (chunked) prefill get their next prompt chunk;
 3. waiting sequences are admitted first-come first-served while a slot is free,
-all under `max_num_batched_tokens`. A slot holds a whole sequence (prompt + max_tokens), so an
+all under `max_num_batched_tokens`. A prompt chunk cut short by the budget ends on a multiple of
+`chunk_align` (the runner's prefill tile), so that its rows are computed as in any other cut
+(batch invariance); only a budget left under one tile takes an unaligned chunk. A slot holds a whole sequence (prompt + max_tokens), so an
 admitted sequence never runs out of KV room and nothing needs preempting.
 
 With `batch_policy="request"` the same scheduler does request-level (static/dynamic) batching:
@@ -54,8 +56,9 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
+    def __init__(self, config: SchedulerConfig, chunk_align: int = 1):
         self.config = config
+        self.chunk_align = chunk_align
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(config.max_num_seqs - 1, -1, -1))
@@ -105,9 +108,12 @@ class Scheduler:
             budget -= chunks[-1].num_tokens
         return chunks
 
-    @staticmethod
-    def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledChunk:
-        return ScheduledChunk(seq, seq.num_computed, min(seq.num_prompt - seq.num_computed, budget))
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> ScheduledChunk:
+        start, n = seq.num_computed, seq.num_prompt - seq.num_computed
+        if n > budget:
+            aligned_end = (start + budget) // self.chunk_align * self.chunk_align
+            n = aligned_end - start if aligned_end > start else budget
+        return ScheduledChunk(seq, start, n)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and give its slot back at once; nothing is copied."""
