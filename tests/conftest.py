@@ -29,11 +29,12 @@ TEST_SERVER_ENV = {"TRITONLLM_MODEL": "tiny", faults.ENV: "1"}
 LOG_LINES_ON_FAILURE = 200
 
 
-def start_test_server(log_dir, **options) -> TritonServer:
-    """A started tritonserver on free loopback ports with the tiny model and test faults on."""
+def start_test_server(log_dir, env: dict[str, str] | None = None, **options) -> TritonServer:
+    """A started tritonserver on free loopback ports with the tiny model (unless `env` names
+    another) and test faults on."""
     http, grpc, metrics = find_free_ports(3)
     server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log_dir / "server.log",
-                          env=TEST_SERVER_ENV, ready_timeout=180, **options)
+                          env={**TEST_SERVER_ENV, **(env or {})}, ready_timeout=180, **options)
     return server.start()
 
 

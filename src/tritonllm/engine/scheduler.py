@@ -6,7 +6,8 @@ Pure Python (no torch), so it is tested on its own. Each step:
 3. waiting sequences are admitted first-come first-served while a slot is free,
 all under `max_num_batched_tokens`. A prompt chunk cut short by the budget ends on a multiple of
 `chunk_align` (the runner's prefill tile), so that its rows are computed as in any other cut
-(batch invariance); only a budget left under one tile takes an unaligned chunk. A slot holds a whole sequence (prompt + max_tokens), so an
+(batch invariance); a prompt that would get less than that waits for the next step. (A budget
+that cannot hold one tile beside a full step of decodes turns the alignment off.) A slot holds a whole sequence (prompt + max_tokens), so an
 admitted sequence never runs out of KV room and nothing needs preempting.
 
 With `batch_policy="request"` the same scheduler does request-level (static/dynamic) batching:
@@ -58,7 +59,8 @@ class ScheduledChunk:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, chunk_align: int = 1):
         self.config = config
-        self.chunk_align = chunk_align
+        fits_a_tile = config.max_num_batched_tokens - config.max_num_seqs >= chunk_align
+        self.chunk_align = chunk_align if fits_a_tile else 1
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free_slots: list[int] = list(range(config.max_num_seqs - 1, -1, -1))
@@ -91,29 +93,32 @@ class Scheduler:
             chunks.append(ScheduledChunk(seq, seq.num_computed, seq.num_tokens - seq.num_computed))
             budget -= chunks[-1].num_tokens
         for seq in prefilling:
-            if budget <= 0:
-                break
-            chunks.append(self._prefill_chunk(seq, budget))
-            budget -= chunks[-1].num_tokens
+            chunk = self._prefill_chunk(seq, budget) if budget > 0 else None
+            if chunk is not None:
+                chunks.append(chunk)
+                budget -= chunk.num_tokens
         if self.config.batch_policy == "request":
             if self.running:  # the batch runs on with its finished rows as padding; nobody joins
                 last = self.config.max_model_len - 1
                 return chunks + [ScheduledChunk(s, min(s.num_tokens, last), 1, padding=True) for s in self.padded]
         while self.waiting and self.free_slots and budget > 0:
+            chunk = self._prefill_chunk(self.waiting[0], budget)
+            if chunk is None:  # first come, first served: nobody overtakes it
+                break
             seq = self.waiting.popleft()
             seq.slot = self.free_slots.pop()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            chunks.append(self._prefill_chunk(seq, budget))
-            budget -= chunks[-1].num_tokens
+            chunks.append(chunk)
+            budget -= chunk.num_tokens
         return chunks
 
-    def _prefill_chunk(self, seq: Sequence, budget: int) -> ScheduledChunk:
+    def _prefill_chunk(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
+        """The sequence's next prompt chunk within `budget`, or None if it must wait a step."""
         start, n = seq.num_computed, seq.num_prompt - seq.num_computed
-        if n > budget:
-            aligned_end = (start + budget) // self.chunk_align * self.chunk_align
-            n = aligned_end - start if aligned_end > start else budget
-        return ScheduledChunk(seq, start, n)
+        if n > budget:  # cut short: end on an aligned position
+            n = (start + budget) // self.chunk_align * self.chunk_align - start
+        return ScheduledChunk(seq, start, n) if n > 0 else None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark finished and give its slot back at once; nothing is copied."""
