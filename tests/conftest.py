@@ -21,9 +21,10 @@ from tritonllm.engine import faults
 from tritonllm.models import DTYPE_ENV, load_model
 from tritonllm.server.launcher import TritonServer, find_free_ports
 
-# float32 everywhere in tests (servers inherit it): its kernels are batch-invariant, so batched answers
-# must equal unbatched `generate` token for token. bfloat16 (the `auto` default on CPUs with native
-# bf16) is tested where a test says so, and its match rate is measured in docs/benchmarks.md.
+# float32 everywhere in tests (servers inherit it), so that answers can be held to unbatched `generate`
+# token for token (in bfloat16 Transformers' own forward uses other kernels). bfloat16, the `auto`
+# default on CPUs with native bf16, is tested where a test says so: its batch invariance (alone ==
+# under load, bit for bit) in test_batch_invariance.py.
 os.environ[DTYPE_ENV] = "float32"
 TEST_SERVER_ENV = {"TRITONLLM_MODEL": "tiny", faults.ENV: "1"}
 LOG_LINES_ON_FAILURE = 200

@@ -181,16 +181,16 @@ def http_infer(server, model: str, **inputs):
         return client.infer(model, tensors(httpclient, model, **inputs))
 
 
-def grpc_infer(server, model: str, **inputs):
+def grpc_infer(server, model: str, timeout: float = TIMEOUT, **inputs):
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        return client.infer(model, tensors(grpcclient, model, **inputs), client_timeout=TIMEOUT)
+        return client.infer(model, tensors(grpcclient, model, **inputs), client_timeout=timeout)
 
 
-def concurrently(calls):
+def concurrently(calls, timeout: float = TIMEOUT * 2):
     """Run zero-argument callables at once; return their results in order (re-raising errors)."""
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         futures = [pool.submit(call) for call in calls]
-        return [f.result(timeout=TIMEOUT * 2) for f in futures]
+        return [f.result(timeout=timeout) for f in futures]
 
 
 # ---------------------------------------------------------------- server state

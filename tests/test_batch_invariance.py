@@ -29,8 +29,6 @@ from tritonllm.engine.sequence import Sequence
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.models import DTYPE_ENV, load_model
 
-NEEDLE_LEN = 300
-
 
 def neighbour(runner: ModelRunner, slot: int, length: int) -> None:
     """Random keys and values in a slot's first `length` positions: a neighbour of that length
@@ -39,8 +37,9 @@ def neighbour(runner: ModelRunner, slot: int, length: int) -> None:
         layer[:, slot, :length] = torch.randn_like(layer[:, slot, :length])
 
 
+@pytest.mark.parametrize("needle_len", [300, 520])  # 520: its keys reach past the flash kernel's first block of 512
 @pytest.mark.parametrize("model_name,quantization", [("tiny", None), ("bundled", None), ("bundled", "int8")])
-def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantization):
+def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantization, needle_len):
     model, _ = load_model(model_name, "cpu", torch.bfloat16)
     runner = ModelRunner(model, num_slots=14, max_model_len=2048, quantization=quantization)
     rng = random.Random(23)
@@ -49,9 +48,9 @@ def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantiza
     def prompt(n: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(n)]
 
-    needle = prompt(NEEDLE_LEN + 1)
-    last_prompt_row = runner.forward([Chunk(0, needle[:NEEDLE_LEN], 0, True)])[0]  # alone, one chunk
-    alone = runner.forward([Chunk(0, needle[NEEDLE_LEN:], NEEDLE_LEN, True)])[0]  # its decode, alone
+    needle = prompt(needle_len + 1)
+    last_prompt_row = runner.forward([Chunk(0, needle[:needle_len], 0, True)])[0]  # alone, one chunk
+    alone = runner.forward([Chunk(0, needle[needle_len:], needle_len, True)])[0]  # its decode, alone
     for trial in range(6):
         lengths = [rng.randint(1, 1200) for _ in range(rng.randint(1, 12))]
         for i, n in enumerate(lengths):
@@ -60,7 +59,7 @@ def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantiza
         if trial % 2:  # a prompt chunk in the same step as well
             chunks.append(Chunk(13, prompt(rng.randint(2, 200)), 0, True))
         at = rng.randint(0, len(chunks))
-        chunks.insert(at, Chunk(0, needle[NEEDLE_LEN:], NEEDLE_LEN, True))
+        chunks.insert(at, Chunk(0, needle[needle_len:], needle_len, True))
         beside = runner.forward(chunks)[at]
         assert torch.equal(beside, alone), (
             f"trial {trial}: the decode's logits changed beside {lengths} (max diff {(beside - alone).abs().max()})")
@@ -68,15 +67,15 @@ def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantiza
     # The same prompt in tile-aligned chunks, each beside other work, == in one chunk.
     for trial in range(3):
         start, chunk_logits = 0, None
-        while start < NEEDLE_LEN:
-            n = min(NEEDLE_LEN - start, PREFILL_TILE * rng.randint(1, 3))
+        while start < needle_len:
+            n = min(needle_len - start, PREFILL_TILE * rng.randint(1, 3))
             step = [Chunk(0, needle[start:start + n], start, True), Chunk(1, prompt(rng.randint(2, 90)), 0, True)]
             rng.shuffle(step)
             out = runner.forward(step)
             chunk_logits = out[[c.slot for c in step].index(0)]
             start += n
         assert torch.equal(chunk_logits, last_prompt_row), f"chunking {trial} changed the prompt's last logits"
-        assert torch.equal(runner.forward([Chunk(0, needle[NEEDLE_LEN:], NEEDLE_LEN, True)])[0], alone)
+        assert torch.equal(runner.forward([Chunk(0, needle[needle_len:], needle_len, True)])[0], alone)
 
 
 def test_a_prompt_cut_short_by_the_budget_ends_on_a_tile_boundary():
@@ -107,6 +106,7 @@ def test_a_prompt_cut_short_by_the_budget_ends_on_a_tile_boundary():
 # ---------------------------------------------------------------- served, bundled model, bfloat16
 
 MAX_TOKENS = 8
+LOADED_TIMEOUT = 600  # 48 requests of the bundled model at once, on a busy machine
 
 
 def mixed_prompts() -> list[str]:
@@ -139,11 +139,11 @@ def served_alone_and_under_load(server, model: str, prompts: list[str]) -> tuple
         inputs = dict(text_input=prompt, exclude_input_in_output=True, sampling_parameters=GREEDY)
         if model == "llm_inflight":  # decoupled: a stream of its own
             return stream_one(server, **inputs).text
-        return text_of(grpc_infer(server, model, **inputs))
+        return text_of(grpc_infer(server, model, timeout=LOADED_TIMEOUT, **inputs))
 
     alone = [ask(p) for p in prompts]
     if model != "llm_inflight":
-        return alone, concurrently([lambda p=p: ask(p) for p in prompts])
+        return alone, concurrently([lambda p=p: ask(p) for p in prompts], timeout=LOADED_TIMEOUT)
     stream = GrpcStream(server)
     neighbours = [f"n{i}" for i in range(3)]
     try:  # long neighbours that decode all the while (held, if they get that far, until cancelled)
@@ -154,7 +154,7 @@ def served_alone_and_under_load(server, model: str, prompts: list[str]) -> tuple
         rids = [f"p{i}" for i in range(len(prompts))]
         for rid, prompt in zip(rids, prompts):
             stream.send(rid, text_input=prompt, exclude_input_in_output=True, sampling_parameters=GREEDY)
-        stream.wait(rids, timeout=600)
+        stream.wait(rids, timeout=LOADED_TIMEOUT)
         assert not stream.errors, stream.errors
         return alone, [stream.results[rid].text for rid in rids]
     finally:

@@ -12,7 +12,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, choose_cut
+from tritonllm.engine.decode_attention import DecodeAttention, choose_cut, key_pad
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
@@ -25,6 +25,12 @@ def test_one_long_row_goes_alone_and_similar_rows_stay_together():
     assert choose_cut([300] * 8, span=8, lone_calls=True) == 300
     assert choose_cut([100, 120, 140, 160], span=4, lone_calls=True) == 160  # too close to split
     assert choose_cut([32] * 7 + [1600], span=8, lone_calls=False) == 1600  # off CPU: one padded call
+
+
+def test_keys_are_padded_past_the_small_gemm_fallback():
+    assert key_pad(3, 64) == 32  # the bundled model: 32 keys x 3 heads x 64 > 16^3
+    assert key_pad(1, 64) == 80  # 64 x 64 = 16^3 exactly is still the fallback
+    assert key_pad(4, 128) == 16
 
 
 def reference(q_row: torch.Tensor, kv: torch.Tensor, slot: int, length: int, kv_heads: int, scale: float):
@@ -42,7 +48,7 @@ def check_rows(lengths_by_slot: dict[int, int], row_order: list[int], offset: in
     kv = torch.randn(2 * kv_heads, slots, max_len, dim).to(dtype)
     q = torch.randn(offset + len(row_order), heads, dim).to(dtype)
     bounds = [(offset + i, 1, slot, lengths_by_slot[slot] - 1) for i, slot in enumerate(row_order)]
-    attention = DecodeAttention(bounds, kv_heads, 0.25, CPU)
+    attention = DecodeAttention(bounds, kv_heads, 0.25, CPU, key_pad(heads // kv_heads, dim))
     out = attention(q, kv)
     assert out.shape == (len(row_order), heads, dim)
     for i, slot in enumerate(row_order):

@@ -16,10 +16,11 @@ row (cut = longest).
 
 Batch invariance: a row's result must not depend on the other rows. CPU's flash kernel gives a
 row the same bits over any number of keys past its own, masked, once that number is a multiple
-of 16 (measured; shorter paddings round differently, and its small-gemm fallback below
-16 x 16 x 16 multiply-adds is another code path). So every call, batched or lone, attends over a
-multiple of `KEY_PAD` keys, masked to each row's own: alone or beside any others, a row is
-computed over the same keys in the same order.
+of 16 (measured; shorter paddings round differently) and no block of keys is so small that its
+gemm (keys x query heads per KV head x head_dim multiply-adds) falls to PyTorch's fallback below
+16^3, another code path. So every call, batched or lone, attends over a multiple of `key_pad`
+keys, masked to each row's own: alone or beside any others, a row is computed over the same keys
+in the same order.
 """
 
 from __future__ import annotations
@@ -29,12 +30,20 @@ import torch.nn.functional as F
 
 LONE_KEY_COST = 1.4  # a key attended in a row's own call, against 1 for a key of the batched call
 LONE_CALL_COST = 500  # a call of its own, in batched keys (measured, AMD EPYC, bf16)
-KEY_PAD = 64  # every call attends over a multiple of this many keys (see above)
+SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
 
 
-def padded(length: int) -> int:
-    """The keys a call over `length` true keys attends to: rounded up to a multiple of KEY_PAD."""
-    return -(-length // KEY_PAD) * KEY_PAD
+def key_pad(query_heads_per_kv_head: int, head_dim: int) -> int:
+    """Every call attends over a multiple of this many keys: a multiple of 16 whose block of keys
+    is past the small-gemm fallback (32 for the bundled model: 3 query heads per KV head, dim 64)."""
+    pad = 16
+    while pad * query_heads_per_kv_head * head_dim <= SMALL_GEMM:
+        pad += 16
+    return pad
+
+
+def padded(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
 
 
 def choose_cut(lengths: list[int], span: int, lone_calls: bool) -> int:
@@ -53,7 +62,7 @@ class DecodeAttention:
     """Made once per step for its one-token rows; `__call__` runs one layer's attention for them."""
 
     def __init__(self, bounds: list[tuple[int, int, int, int]], num_kv_heads: int, scaling: float,
-                 device: torch.device):
+                 device: torch.device, pad: int):
         # bounds: (packed row, 1, slot, start) of each one-token chunk; its length is start + 1
         rows = [off for off, _, _, _ in bounds]
         slots = [slot for _, _, slot, _ in bounds]
@@ -75,10 +84,10 @@ class DecodeAttention:
             if n <= self.cut:
                 visible[slot] = n
         visible_t = torch.tensor(visible, device=device)
-        keys = torch.arange(padded(max(lengths)), device=device)
-        self.mask = (keys[None, :padded(self.cut)] < visible_t[:, None])[:, None, None, :]  # (span, 1, 1, keys)
+        keys = torch.arange(padded(max(lengths), pad), device=device)
+        self.mask = (keys[None, :padded(self.cut, pad)] < visible_t[:, None])[:, None, None, :]  # (span, 1, 1, keys)
         self.lone = [(slot, n) for slot, n in zip(slots, lengths) if n > self.cut]
-        self.lone_masks = {n: (keys[:padded(n)] < n)[None, None, None, :] for _, n in self.lone}
+        self.lone_masks = {n: (keys[:padded(n, pad)] < n)[None, None, None, :] for _, n in self.lone}
 
     def __call__(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """q: (tokens, heads, dim) of the whole step; kv: the layer's cache (2 kv_heads, slots, len, dim).

@@ -4,7 +4,7 @@ Layout per layer: one tensor (2 kv_heads, slots, slot_len, head_dim), keys in th
 kv_heads and values in the rest, so that a step stores its new keys and values with one write.
 Attention reads views of it (prefill_attention.py, decode_attention.py). Freeing a slot is
 returning its index: nothing is copied or cleared. `slot_len` is max_model_len rounded up to what
-attention pads its keys to (decode_attention.KEY_PAD): keys past a sequence's end are read,
+attention pads its keys to (decode_attention.key_pad): keys past a sequence's end are read,
 masked, never used.
 """
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, padded
+from tritonllm.engine.decode_attention import DecodeAttention, key_pad, padded
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
@@ -94,8 +94,9 @@ class ModelRunner:
         self.num_kv_heads = self.config.num_key_value_heads
         self.scaling = attn.scaling
         self.max_model_len = max_model_len
-        self.cache = SlotKVCache(len(self.layers), num_slots, padded(max_model_len), self.num_kv_heads,
-                                 self.head_dim, self.dtype, self.device)
+        self.key_pad = key_pad(self.num_heads // self.num_kv_heads, self.head_dim)
+        self.cache = SlotKVCache(len(self.layers), num_slots, padded(max_model_len, self.key_pad),
+                                 self.num_kv_heads, self.head_dim, self.dtype, self.device)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
 
@@ -113,7 +114,7 @@ class ModelRunner:
         pos_t = torch.tensor(positions, device=dev)
         slots_t = torch.tensor(slots, device=dev)
         decode_bounds = [b for b in bounds if b[1] == 1]
-        decodes = (DecodeAttention(decode_bounds, self.num_kv_heads, self.scaling, dev)
+        decodes = (DecodeAttention(decode_bounds, self.num_kv_heads, self.scaling, dev, self.key_pad)
                    if decode_bounds else None)
         prompt_chunks = [b for b in bounds if b[1] > 1]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
