@@ -573,3 +573,19 @@ def test_queue_time_counts_the_wait_for_a_slot_once_per_request(tiny):
     waited = sum(s.first_scheduled_time - s.arrival_time for s in late)
     assert engine.stats.queue_seconds == pytest.approx(first_four + waited)
     assert waited > 2 * first_four  # the two that waited for a freed slot waited longer than those that did not
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_runners_rms_norm_equals_the_models_own_bit_for_bit(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from tritonllm.engine.model_runner import rms_norm
+
+    torch.manual_seed(0)
+    norm = LlamaRMSNorm(576, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576))
+    norm = norm.to(dtype)
+    for rows in (1, 3, 8, 300):
+        x = (torch.randn(rows, 576) * torch.rand(rows, 1) * 30).to(dtype)
+        assert torch.equal(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)), f"{rows} rows"
