@@ -37,7 +37,7 @@ def neighbour(runner: ModelRunner, slot: int, length: int) -> None:
         layer[:, slot, :length] = torch.randn_like(layer[:, slot, :length])
 
 
-@pytest.mark.parametrize("needle_len", [300, 520])  # 520: its keys reach past the flash kernel's first block of 512
+@pytest.mark.parametrize("needle_len", [300, 321, 520])  # 321: a last tile of one row; 520: past the first block of 512 keys
 @pytest.mark.parametrize("model_name,quantization", [("tiny", None), ("bundled", None), ("bundled", "int8")])
 def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantization, needle_len):
     model, _ = load_model(model_name, "cpu", torch.bfloat16)

@@ -30,7 +30,7 @@ from tritonllm.engine.decode_attention import DecodeAttention, key_pad, padded
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import SlotKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
-from tritonllm.engine.prefill_attention import prefill_attention
+from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
 from tritonllm.engine.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
 
@@ -115,10 +115,18 @@ class ModelRunner:
         dev = self.device
         pos_t = torch.tensor(positions, device=dev)
         slots_t = torch.tensor(slots, device=dev)
-        decode_bounds = [b for b in bounds if b[1] == 1]
+        # One-row attention goes the decode path. That includes a prompt chunk's last row when it
+        # is alone in its tile: cut at that tile's start, the same row comes as a 1-token chunk,
+        # and it must be computed the same way (batch invariance).
+        decode_bounds, prompt_chunks = [], []
+        for off, n, slot, start in bounds:
+            if n > 1 and (start + n) % PREFILL_TILE == 1:
+                prompt_chunks.append((off, n - 1, slot, start))
+                decode_bounds.append((off + n - 1, 1, slot, start + n - 1))
+            else:
+                (decode_bounds if n == 1 else prompt_chunks).append((off, n, slot, start))
         decodes = (DecodeAttention(decode_bounds, self.num_kv_heads, self.scaling, dev, self.key_pad)
                    if decode_bounds else None)
-        prompt_chunks = [b for b in bounds if b[1] > 1]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
