@@ -102,7 +102,7 @@ def engine_config(model: str = "llm_inflight", repository: Path = REPOSITORY) ->
 
 
 def _sequence(req: SimRequest) -> Sequence:
-    return Sequence(str(req.index), [0] * req.prompt_tokens,
+    return Sequence(str(req.index), [req.index] * req.prompt_tokens,  # its own tokens: no prefix-cache hit
                     SamplingParams(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True))
 
 
@@ -112,7 +112,7 @@ def apply_step(scheduler: Scheduler, chunks, on_token) -> None:
     for c in chunks:
         if c.padding:
             continue
-        c.seq.num_computed += c.num_tokens
+        scheduler.advance(c)
         if c.samples:
             c.seq.output_ids.append(0)
             done = len(c.seq.output_ids) >= c.seq.params.max_tokens

@@ -30,11 +30,16 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.models import DTYPE_ENV, load_model
 
 
-def neighbour(runner: ModelRunner, slot: int, length: int) -> None:
-    """Random keys and values in a slot's first `length` positions: a neighbour of that length
-    (what its keys hold does not matter here, and a prefill per neighbour would take minutes)."""
+def neighbour(runner: ModelRunner, slot: int) -> None:
+    """Random keys and values in a slot's blocks: a neighbour of any length (what its keys hold
+    does not matter here, and a prefill per neighbour would take minutes)."""
+    blocks = runner.slot_blocks(slot)
     for layer in runner.cache.layers:
-        layer[:, slot, :length] = torch.randn_like(layer[:, slot, :length])
+        layer[:, blocks] = torch.randn_like(layer[:, blocks])
+
+
+def chunk(runner: ModelRunner, slot: int, token_ids: list[int], start: int) -> Chunk:
+    return Chunk(runner.slot_blocks(slot), token_ids, start, True)
 
 
 @pytest.mark.parametrize("needle_len", [300, 321, 520])  # 321: a last tile of one row; 520: past the first block of 512 keys
@@ -49,17 +54,17 @@ def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantiza
         return [rng.randrange(vocab) for _ in range(n)]
 
     needle = prompt(needle_len + 1)
-    last_prompt_row = runner.forward([Chunk(0, needle[:needle_len], 0, True)])[0]  # alone, one chunk
-    alone = runner.forward([Chunk(0, needle[needle_len:], needle_len, True)])[0]  # its decode, alone
+    last_prompt_row = runner.forward([chunk(runner, 0, needle[:needle_len], 0)])[0]  # alone, one chunk
+    alone = runner.forward([chunk(runner, 0, needle[needle_len:], needle_len)])[0]  # its decode, alone
     for trial in range(6):
         lengths = [rng.randint(1, 1200) for _ in range(rng.randint(1, 12))]
-        for i, n in enumerate(lengths):
-            neighbour(runner, i + 1, n)
-        chunks = [Chunk(i + 1, [rng.randrange(vocab)], n, True) for i, n in enumerate(lengths)]
+        for i in range(len(lengths)):
+            neighbour(runner, i + 1)
+        chunks = [chunk(runner, i + 1, [rng.randrange(vocab)], n) for i, n in enumerate(lengths)]
         if trial % 2:  # a prompt chunk in the same step as well
-            chunks.append(Chunk(13, prompt(rng.randint(2, 200)), 0, True))
+            chunks.append(chunk(runner, 13, prompt(rng.randint(2, 200)), 0))
         at = rng.randint(0, len(chunks))
-        chunks.insert(at, Chunk(0, needle[needle_len:], needle_len, True))
+        chunks.insert(at, chunk(runner, 0, needle[needle_len:], needle_len))
         beside = runner.forward(chunks)[at]
         assert torch.equal(beside, alone), (
             f"trial {trial}: the decode's logits changed beside {lengths} (max diff {(beside - alone).abs().max()})")
@@ -69,13 +74,13 @@ def test_a_sequences_logits_do_not_depend_on_its_neighbours(model_name, quantiza
         start, chunk_logits = 0, None
         while start < needle_len:
             n = min(needle_len - start, PREFILL_TILE * rng.randint(1, 3))
-            step = [Chunk(0, needle[start:start + n], start, True), Chunk(1, prompt(rng.randint(2, 90)), 0, True)]
+            step = [chunk(runner, 0, needle[start:start + n], start), chunk(runner, 1, prompt(rng.randint(2, 90)), 0)]
             rng.shuffle(step)
             out = runner.forward(step)
-            chunk_logits = out[[c.slot for c in step].index(0)]
+            chunk_logits = out[[c.blocks for c in step].index(runner.slot_blocks(0))]
             start += n
         assert torch.equal(chunk_logits, last_prompt_row), f"chunking {trial} changed the prompt's last logits"
-        assert torch.equal(runner.forward([Chunk(0, needle[needle_len:], needle_len, True)])[0], alone)
+        assert torch.equal(runner.forward([chunk(runner, 0, needle[needle_len:], needle_len)])[0], alone)
 
 
 def test_a_prompt_cut_short_by_the_budget_ends_on_a_tile_boundary():

@@ -293,7 +293,6 @@ def test_abort_frees_the_slot_for_the_next_step(tiny):
     waiting = engine.scheduler.find(rids[4])
     assert all(s.status is Status.RUNNING for s in running) and waiting.status is Status.WAITING
     victim = running[1]
-    freed = victim.slot
     tokens_before = len(victim.output_ids)
 
     engine.abort(victim.request_id)
@@ -301,8 +300,8 @@ def test_abort_frees_the_slot_for_the_next_step(tiny):
     assert outs[victim.request_id].finished and outs[victim.request_id].finish_reason == "abort"
     assert collect.final(victim.request_id).finish_reason == "abort"
     assert len(collect.tokens(victim.request_id)) == tokens_before  # nothing generated after the abort
-    # The waiting request took the freed slot in that very step and started its prefill.
-    assert waiting.status is Status.RUNNING and waiting.slot == freed and waiting.num_computed > 0
+    # The waiting request took the freed row in that very step and started its prefill.
+    assert not victim.block_table and waiting.status is Status.RUNNING and waiting.num_computed > 0
     assert engine.num_running == 4 and engine.num_waiting == 0
 
     # Abort a request that is still in the inbox, and an unknown id: no crash, no tokens.
@@ -448,7 +447,7 @@ def test_shutdown_aborts_open_requests(tiny):
     time.sleep(0.05)
     assert counts == {rid: len(collect.outputs[rid]) for rid in rids}, "callbacks after shutdown"
     assert all(engine.scheduler.find(r) is None for r in rids)
-    assert sorted(engine.scheduler.free_slots) == list(range(SMALL["max_num_seqs"]))
+    assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_usable
 
 
 def test_bundled_model_matches_hf_generate():
@@ -495,7 +494,7 @@ def test_request_level_policy_gives_the_same_text_and_pays_for_padding(tiny):
     assert [o.token_ids for o in got] == [o.token_ids for o in expected]
     assert [o.text for o in got] == [o.text for o in expected]
     # Finished rows stayed in every forward until the longest (9 tokens) ended.
-    assert request.stats.decode_steps == 9 and len(request.scheduler.free_slots) == 4
+    assert request.stats.decode_steps == 9 and request.scheduler.blocks.num_free == request.scheduler.blocks.num_usable
 
 
 def test_held_request_keeps_its_slot_until_aborted(tiny, monkeypatch):
@@ -553,7 +552,7 @@ def test_a_failing_forward_fails_only_the_request_that_fails_alone(tiny, monkeyp
     outs = engine.generate([f"{faults.FAIL_MARK} boom", *TEXT_PROMPTS[:3]], greedy)
     assert outs[0].finish_reason == "error" and "test fault" in outs[0].error and outs[0].token_ids == []
     assert [o.text for o in outs[1:]] == expected and all(o.error is None for o in outs[1:])
-    assert sorted(engine.scheduler.free_slots) == list(range(SMALL["max_num_seqs"]))
+    assert engine.scheduler.blocks.num_free == engine.scheduler.blocks.num_usable
     assert [o.text for o in engine.generate(TEXT_PROMPTS[:3], greedy)] == expected  # serves on
 
 

@@ -1,8 +1,9 @@
 """Properties of the token-level scheduler, checked over randomized workloads (pure Python).
 
 Steps are simulated the way the engine drives the scheduler: every scheduled chunk advances
-`seq.num_computed`; a chunk that reaches the sequence's last known token "samples" a fake token;
-a sequence finishes by length, by a random early stop, or by a random abort.
+(`scheduler.advance`); a chunk that reaches the sequence's last known token "samples" a fake
+token; a sequence finishes by length, by a random early stop, or by a random abort. Pools are
+sometimes small (preemption) and prompts share prefixes (prefix-cache hits).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def apply_step(sched: Scheduler, chunks, rng: random.Random | None = None, stop_
     """Advance like the engine does; return the sequences that finished in this step."""
     sampling = [c.seq for c in chunks if c.samples]  # evaluated before any mutation
     for c in chunks:
-        c.seq.num_computed += c.num_tokens
+        sched.advance(c)
     done = []
     for seq in sampling:
         seq.output_ids.append(7)
@@ -37,25 +38,39 @@ def apply_step(sched: Scheduler, chunks, rng: random.Random | None = None, stop_
     return done
 
 
-def check_slots(sched: Scheduler, cfg: SchedulerConfig) -> None:
-    slots = [s.slot for s in sched.running]
-    assert all(s is not None and 0 <= s < cfg.max_num_seqs for s in slots), slots
-    assert len(set(slots)) == len(slots), f"a slot is held by two running sequences: {slots}"
-    assert not set(slots) & set(sched.free_slots), (slots, sched.free_slots)
-    assert len(sched.free_slots) == len(set(sched.free_slots)), f"a slot is free twice: {sched.free_slots}"
-    assert sorted(slots + sched.free_slots) == list(range(cfg.max_num_seqs)), "a slot leaked or was duplicated"
+def check_blocks(sched: Scheduler, cfg: SchedulerConfig) -> None:
+    """Block accounting: every block's references are the tables holding it, the free list is
+    exactly the unreferenced blocks, and each running sequence's table covers what it computed."""
+    bm = sched.blocks
+    holders = [*sched.running, *sched.padded]
+    refs = {}
+    for s in holders:
+        assert len(set(s.block_table)) == len(s.block_table), f"{s.request_id} holds a block twice"
+        for b in s.block_table:
+            refs[b] = refs.get(b, 0) + 1
+    for block in bm.blocks[1:]:
+        assert block.ref_count == refs.get(block.id, 0), f"block {block.id}: {block.ref_count} refs, {refs.get(block.id, 0)} tables"
+        assert (block.id in bm.free) == (block.ref_count == 0)
+    assert 0 not in bm.free and 0 not in refs, "the null block was handed out"
+    for h, b in bm.cached.items():
+        assert bm.blocks[b].hash == h
     assert len(sched.running) <= cfg.max_num_seqs
     for s in sched.running:
         assert s.status is Status.RUNNING
+        assert len(s.block_table) >= bm.blocks_for(s.num_computed)
     for s in sched.waiting:
-        assert s.status is Status.WAITING and s.slot is None
+        assert s.status is Status.WAITING and not s.block_table
 
 
 def run_random_workload(seed: int, steps: int = 300):
     rng = random.Random(seed)
     num_seqs = rng.randint(1, 6)
     budget = rng.randint(num_seqs, num_seqs + 40)
-    cfg = SchedulerConfig(max_num_seqs=num_seqs, max_model_len=rng.randint(20, 120), max_num_batched_tokens=budget)
+    max_model_len, block_size = rng.randint(20, 120), rng.choice([4, 8, 16])
+    # half the pools are small: sequences get preempted
+    pool = rng.choice([0, -(-max_model_len // block_size) + rng.randint(0, 3)])
+    cfg = SchedulerConfig(max_num_seqs=num_seqs, max_model_len=max_model_len, max_num_batched_tokens=budget,
+                          block_size=block_size, num_kv_blocks=pool)
     sched = Scheduler(cfg)
     added: list[Sequence] = []
     admitted: list[Sequence] = []
@@ -68,6 +83,8 @@ def run_random_workload(seed: int, steps: int = 300):
                 prompt_len = rng.randint(1, cfg.max_model_len - 1)
                 max_tokens = rng.randint(1, cfg.max_model_len - prompt_len)
                 seq = make_seq(f"r{counter}", prompt_len, max_tokens)
+                shared = rng.randint(0, prompt_len)  # a prefix shared with other prompts, then its own tokens
+                seq.prompt_ids[shared:] = [rng.randrange(1000, 2000) for _ in range(prompt_len - shared)]
                 counter += 1
                 sched.add(seq)
                 added.append(seq)
@@ -77,12 +94,12 @@ def run_random_workload(seed: int, steps: int = 300):
             if victim.status is Status.WAITING:
                 aborted_waiting.add(id(victim))
             sched.finish(victim, "abort")
-            assert victim.finished and victim.finish_reason == "abort" and victim.slot is None
-            check_slots(sched, cfg)
+            assert victim.finished and victim.finish_reason == "abort" and not victim.block_table
+            check_blocks(sched, cfg)
 
         was_running = {id(s) for s in sched.running}
-        decoding_before = [s for s in sched.running if not s.in_prefill]
-        prefilling_before = [s for s in sched.running if s.in_prefill]
+        decoding_before = [s for s in sched.running if s.num_tokens - s.num_computed == 1]
+        prefilling_before = [s for s in sched.running if s.num_tokens - s.num_computed > 1]
         chunks = sched.schedule()
 
         # Token budget.
@@ -95,39 +112,44 @@ def run_random_workload(seed: int, steps: int = 300):
             assert c.num_tokens >= 1
             assert c.start == c.seq.num_computed
             assert c.start + c.num_tokens <= c.seq.num_tokens
-            assert c.seq.status is Status.RUNNING and c.seq.slot is not None
+            assert c.seq.status is Status.RUNNING
+            assert len(c.seq.block_table) >= sched.blocks.blocks_for(c.start + c.num_tokens)
             if c.start < c.seq.num_prompt:  # a prefill chunk stays inside the prompt
                 assert c.start + c.num_tokens <= c.seq.num_prompt
-        # Every decoding sequence gets exactly one token every step.
+        # Every decoding sequence gets exactly one token every step, unless preempted for blocks.
         by_seq = {id(c.seq): c for c in chunks}
         for s in decoding_before:
+            if s.status is Status.WAITING:
+                assert s.num_computed == 0 and sched.num_preemptions > 0
+                continue
             assert id(s) in by_seq, f"step {step}: running decode {s.request_id} got no token"
             assert by_seq[id(s)].num_tokens == 1
         # A running prefill always makes progress (there is always budget left for it).
-        if prefilling_before:
+        if any(s.status is Status.RUNNING for s in prefilling_before):
             assert any(id(s) in by_seq for s in prefilling_before), f"step {step}: prefill starved"
-        # Newly admitted sequences, in admission order.
-        newly = [c.seq for c in chunks if id(c.seq) not in was_running]
-        admitted.extend(newly)
-        # Work conserving: nobody waits while a slot and budget are free.
-        assert not (sched.waiting and sched.free_slots and total < cfg.max_num_batched_tokens), (
-            f"step {step}: a request waits although a slot and {cfg.max_num_batched_tokens - total} tokens are free"
-        )
-        check_slots(sched, cfg)
+        # Newly admitted sequences (first admissions only), in admission order.
+        admitted.extend(c.seq for c in chunks if id(c.seq) not in was_running and c.seq not in admitted)
+        # Work conserving: nobody waits while a row, blocks and budget are free.
+        if sched.waiting and len(sched.running) < cfg.max_num_seqs and total < cfg.max_num_batched_tokens:
+            head = sched.waiting[0]
+            assert not sched.blocks.can_allocate(head.num_tokens, sched.blocks.cached_prefix(head.prompt_ids)), (
+                f"step {step}: a request waits although a row, its blocks and "
+                f"{cfg.max_num_batched_tokens - total} tokens are free")
+        check_blocks(sched, cfg)
         apply_step(sched, chunks, rng, stop_prob=0.05)
-        check_slots(sched, cfg)
+        check_blocks(sched, cfg)
 
     # Drain: no starvation, every request finishes within a bounded number of steps.
-    bound = sum(s.max_total_tokens for s in added) + 10
+    bound = sum(s.max_total_tokens for s in added) * (2 if pool else 1) + 10
     extra = 0
     while sched.has_work():
         was_running = {id(s) for s in sched.running}
         chunks = sched.schedule()
         assert chunks, "work left but nothing scheduled"
-        admitted.extend(c.seq for c in chunks if id(c.seq) not in was_running)
+        admitted.extend(c.seq for c in chunks if id(c.seq) not in was_running and c.seq not in admitted)
         assert sum(c.num_tokens for c in chunks) <= cfg.max_num_batched_tokens
         apply_step(sched, chunks)
-        check_slots(sched, cfg)
+        check_blocks(sched, cfg)
         extra += 1
         assert extra <= bound, "requests starve"
     return added, admitted, aborted_waiting
@@ -140,11 +162,11 @@ def test_random_workloads(seed):
     # FCFS: the admission order is the arrival order (minus those aborted before admission).
     expected = [s for s in added if id(s) not in aborted_waiting]
     assert [s.request_id for s in admitted] == [s.request_id for s in expected]
-    # No starvation: every request finished, with a reason, holding no slot.
+    # No starvation: every request finished, with a reason, holding no block.
     for s in added:
         assert s.finished, s.request_id
         assert s.finish_reason in ("length", "stop", "abort")
-        assert s.slot is None
+        assert not s.block_table
         if s.finish_reason == "length":
             assert len(s.output_ids) == s.params.max_tokens
             assert s.num_computed == s.num_tokens - 1  # the last sampled token is never fed back
@@ -160,7 +182,7 @@ def test_fcfs_admission_order_with_one_slot():
     order = []
     while sched.has_work():
         chunks = sched.schedule()
-        assert len({c.seq.slot for c in chunks}) == 1
+        assert len({c.seq.request_id for c in chunks}) == 1
         for c in chunks:
             if not order or order[-1] is not c.seq:
                 order.append(c.seq)
@@ -242,16 +264,17 @@ def test_aborted_slot_is_reused_next_schedule():
         sched.add(s)
     apply_step(sched, sched.schedule())
     assert [s.status for s in (a, b, c)] == [Status.RUNNING, Status.RUNNING, Status.WAITING]
-    freed = b.slot
     sched.finish(b, "abort")
-    assert b.finished and b.finish_reason == "abort" and b.slot is None
+    assert b.finished and b.finish_reason == "abort" and not b.block_table
     chunks = sched.schedule()
-    assert c.status is Status.RUNNING and c.slot == freed
-    assert any(ch.seq is c for ch in chunks), "the waiting request was not scheduled in the freed slot"
+    assert c.status is Status.RUNNING
+    assert any(ch.seq is c for ch in chunks), "the waiting request was not scheduled in the freed row"
     assert all(ch.seq is not b for ch in chunks)
-    # Finishing twice is harmless and does not free the slot twice.
+    # Finishing twice is harmless and does not free its blocks twice.
+    free = sched.blocks.num_free
     sched.finish(b, "abort")
-    assert len(sched.free_slots) == 0
+    assert sched.blocks.num_free == free
+    check_blocks(sched, cfg)
 
 
 def test_abort_waiting_request():
@@ -306,7 +329,7 @@ def test_request_policy_runs_a_batch_to_its_end_with_finished_rows_as_padding():
     chunks = sched.schedule()
     assert {c.seq.request_id for c in chunks} == {"short", "long"}
     for c in chunks:
-        c.seq.num_computed += c.num_tokens
+        sched.advance(c)
         c.seq.output_ids.append(7)
     sched.finish(short, "length")
     sched.add(late)
@@ -315,14 +338,14 @@ def test_request_policy_runs_a_batch_to_its_end_with_finished_rows_as_padding():
         names = {c.seq.request_id: c for c in chunks}
         assert "late" not in names, "nothing joins a request-level batch before it ends"
         assert names["short"].padding and not names["short"].samples
-        assert short.slot is not None and short.slot != long.slot  # the finished row keeps its slot
-        names["long"].seq.num_computed += 1
+        assert short.block_table and short in sched.padded  # the finished row keeps its blocks
+        sched.advance(names["long"])
         long.output_ids.append(7)
         if len(long.output_ids) == long.params.max_tokens:
             sched.finish(long, "length")
     chunks = sched.schedule()
     assert [c.seq.request_id for c in chunks] == ["late"] and not chunks[0].padding
-    assert short.slot is None and long.slot is None
+    assert not short.block_table and not long.block_table
 
 
 def test_request_policy_frees_an_aborted_row_at_once():
@@ -333,7 +356,7 @@ def test_request_policy_frees_an_aborted_row_at_once():
     sched.add(b)
     sched.schedule()
     sched.finish(a, "abort")
-    assert a.slot is None and not sched.padded
+    assert not a.block_table and not sched.padded
 
 
 def test_unknown_batch_policy_is_named():

@@ -237,9 +237,9 @@ def profile_steps(runner, slots: int, contexts=(32, 128, 384), prefills=(0, 32, 
         for ctx in contexts:
             for p in prefills:
                 decodes = rows - 1 if p else rows
-                chunks = [Chunk(i, [1], ctx, True) for i in range(decodes)]
+                chunks = [Chunk(runner.slot_blocks(i), [1], ctx, True) for i in range(decodes)]
                 if p:
-                    chunks.append(Chunk(decodes, [1] * p, 0, True))
+                    chunks.append(Chunk(runner.slot_blocks(decodes), [1] * p, 0, True))
                 runner.forward(chunks)  # warm this shape
                 times = []
                 for _ in range(repeats):

@@ -15,11 +15,12 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tritonllm.engine import faults
 from tritonllm.engine.detokenizer import OutputText
+from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.sampler import Sampler
@@ -39,6 +40,9 @@ class EngineStats:
     slot_steps: int = 0  # slots x decode steps: the token capacity offered
     requests_scheduled: int = 0  # requests that got their first forward
     queue_seconds: float = 0.0  # summed over them: arrival at the engine to first forward
+    preemptions: int = 0  # sequences preempted for KV blocks (the scheduler's count)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache at admission
+    prefix_cache_hits: int = 0  # of them, found
 
     @property
     def slot_utilisation(self) -> float:
@@ -47,10 +51,14 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model, tokenizer, config: SchedulerConfig | None = None, quantization: str | None = None):
-        self.config = config or SchedulerConfig()
+        self.config = kv_pool_in_blocks(config or SchedulerConfig(), model)
+        if self.config.block_size % PREFILL_TILE:
+            raise ValueError(f"block_size ({self.config.block_size}) must be a multiple of {PREFILL_TILE}, the "
+                             "prefill tile (a cached prefix must end where a cold prompt's tile does)")
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config, chunk_align=PREFILL_TILE)
-        self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization)
+        self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization,
+                                  self.config.pool_blocks, self.config.block_size)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)
         self.stats = EngineStats()
@@ -119,6 +127,9 @@ class LLMEngine:
         outputs = self._take_inbox()
         chunks = self.scheduler.schedule()
         self._count_first_schedules(chunks)
+        blocks = self.scheduler.blocks
+        self.stats.preemptions = self.scheduler.num_preemptions
+        self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = blocks.prefix_queries, blocks.prefix_hits
         if any(c.seq.held for c in chunks):  # test-only fault: held sequences compute nothing
             chunks = [c for c in chunks if not c.seq.held]
             if not chunks:
@@ -180,13 +191,13 @@ class LLMEngine:
     def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
         if any(c.seq.fails_forward and not c.padding for c in chunks):
             raise faults.InjectedFault("test fault: the forward failed")
-        batch = [Chunk(c.seq.slot, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
-                       c.start, c.samples) for c in chunks]
+        batch = [Chunk(c.seq.block_table, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
+                       c.start, c.samples, c.seq.num_prompt) for c in chunks]
         logits = self.runner.forward(batch)
         for c in chunks:
             if c.padding:
                 continue
-            c.seq.num_computed += c.num_tokens
+            self.scheduler.advance(c)
             if c.start < c.seq.num_prompt:
                 self.stats.prompt_tokens += min(c.num_tokens, c.seq.num_prompt - c.start)
         sampling = [c.seq for c in chunks if c.samples]
@@ -317,6 +328,17 @@ class LLMEngine:
             out, _ = self._finish(seq, "abort")
             if seq.callback is not None:
                 seq.callback(out)
+
+
+def kv_pool_in_blocks(config: SchedulerConfig, model) -> SchedulerConfig:
+    """The config with its KV pool in blocks: `kv_cache_memory_gb` converted for this model."""
+    if config.num_kv_blocks or not config.kv_cache_memory_gb:
+        return config
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_block = PagedKVCache.bytes_per_block(c.num_hidden_layers, config.block_size, c.num_key_value_heads,
+                                             head_dim, next(model.parameters()).dtype)
+    return replace(config, num_kv_blocks=max(1, int(config.kv_cache_memory_gb * 2**30) // per_block))
 
 
 def token_slice(seq: Sequence, start: int, n: int) -> list[int]:

@@ -6,11 +6,14 @@ come from tables made once by the model's rotary module (rotary.py), and each la
 new keys and values with one write. Every matmul goes through linear.py, which picks the kernel
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
 `F.linear` in float32). In float32 the logits equal the model's own forward bit for bit
-(tested). Attention and the KV cache are ours: each sequence attends to its own slot in
-`SlotKVCache`, so past keys/values are never copied; prompt chunks attend over their own slot in
-tiles fixed by position (prefill_attention.py), and the step's decodes attend at a cost that
-follows their true lengths (decode_attention.py). Both make a sequence's result independent of
-the others in the step (batch invariance, tested in bf16 too).
+(tested). Attention and the KV cache are ours: keys and values live in fixed-size blocks
+(`PagedKVCache`), each sequence in the blocks of its table (the scheduler's block_manager.py
+hands them out); prompt rows attend over their sequence's keys in tiles fixed by position
+(prefill_attention.py), generated rows at a cost that follows their true lengths
+(decode_attention.py). Both make a row's result independent of the others in the step (batch
+invariance, tested in bf16 too), and which path a row takes depends only on its position and its
+prompt's length, so a row computed again (a prefix-cache miss, a preempted sequence) gets the
+same bits.
 Logits are computed only at each sequence's last scheduled token, and only where a token is
 sampled.
 
@@ -26,9 +29,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, key_pad, padded
+from tritonllm.engine.decode_attention import DecodeAttention, key_pad
 from tritonllm.engine.fused_weights import fuse_layer
-from tritonllm.engine.kv_cache import SlotKVCache
+from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
 from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
 from tritonllm.engine.quantization import resolve_quantization
@@ -41,10 +44,24 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 @dataclass(frozen=True)
 class Chunk:
-    slot: int
+    blocks: list[int]  # the sequence's KV block table
     token_ids: list[int]
     start: int  # position of token_ids[0] in the sequence
     wants_logits: bool
+    prompt_end: int | None = None  # the sequence's prompt length (None: the chunk is all prompt)
+
+    def paths(self, offset: int) -> tuple[tuple[int, int] | None, list[int]]:
+        """(first row, rows) of the chunk's prefill-path rows, or None, and the packed indices of its
+        decode-path rows. Rows at or past the prompt's end go the decode path, as they did when
+        generated; so does a prompt's last row alone in its tile: cut at that tile's start, the same
+        row comes as a 1-token chunk, and it must be computed the same way (batch invariance)."""
+        n = len(self.token_ids)
+        prompt_rows = n if self.prompt_end is None else max(0, min(n, self.prompt_end - self.start))
+        if prompt_rows > 1 and (self.start + prompt_rows) % PREFILL_TILE == 1:
+            prompt_rows -= 1
+        if prompt_rows < 2:
+            return None, list(range(offset, offset + n))
+        return (offset, prompt_rows), list(range(offset + prompt_rows, offset + n))
 
 
 def check_supported(config) -> None:
@@ -70,7 +87,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class ModelRunner:
-    def __init__(self, model, num_slots: int, max_model_len: int, quantization: str | None = None):
+    def __init__(self, model, num_slots: int, max_model_len: int, quantization: str | None = None,
+                 num_blocks: int = 0, block_size: int = 64):
+        """num_slots: rows of a decode step at most (max_num_seqs); num_blocks: KV blocks of the pool
+        with the null block (0: room for num_slots sequences of max_model_len, see `slot_blocks`)."""
         check_supported(model.config)
         self.model = model
         self.config = model.config
@@ -97,36 +117,42 @@ class ModelRunner:
         self.scaling = attn.scaling
         self.max_model_len = max_model_len
         self.key_pad = key_pad(self.num_heads // self.num_kv_heads, self.head_dim)
-        self.cache = SlotKVCache(len(self.layers), num_slots, padded(max_model_len, self.key_pad),
-                                 self.num_kv_heads, self.head_dim, self.dtype, self.device)
+        self.blocks_per_slot = -(-max_model_len // block_size)
+        self.cache = PagedKVCache(len(self.layers), num_blocks or num_slots * self.blocks_per_slot + 1, block_size,
+                                  self.num_kv_heads, self.head_dim, self.dtype, self.device)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
+
+    def slot_blocks(self, slot: int) -> list[int]:
+        """A fixed block table for `slot` of a default-sized pool laid out as slots (benchmarks, tests)."""
+        first = 1 + slot * self.blocks_per_slot
+        return list(range(first, first + self.blocks_per_slot))
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
-        ids, positions, slots, bounds = [], [], [], []
+        ids, positions, write_index, ends = [], [], [], []
+        prompt_chunks = []  # (first row, rows, chunk)
+        decode_rows, decode_lengths, decode_tables = [], [], []
         for c in chunks:
             n = len(c.token_ids)
-            bounds.append((len(ids), n, c.slot, c.start))
+            prefill, decodes = c.paths(len(ids))
+            if prefill is not None:
+                prompt_chunks.append((*prefill, c))
+            for row in decodes:
+                decode_rows.append(row)
+                decode_lengths.append(c.start + row - len(ids) + 1)
+                decode_tables.append(c.blocks)
             ids.extend(c.token_ids)
             positions.extend(range(c.start, c.start + n))
-            slots.extend([c.slot] * n)
+            write_index.extend(self.cache.token_index(c.blocks, range(c.start, c.start + n)))
+            ends.append(len(ids) - 1)
         dev = self.device
         pos_t = torch.tensor(positions, device=dev)
-        slots_t = torch.tensor(slots, device=dev)
-        # One-row attention goes the decode path. That includes a prompt chunk's last row when it
-        # is alone in its tile: cut at that tile's start, the same row comes as a 1-token chunk,
-        # and it must be computed the same way (batch invariance).
-        decode_bounds, prompt_chunks = [], []
-        for off, n, slot, start in bounds:
-            if n > 1 and (start + n) % PREFILL_TILE == 1:
-                prompt_chunks.append((off, n - 1, slot, start))
-                decode_bounds.append((off + n - 1, 1, slot, start + n - 1))
-            else:
-                (decode_bounds if n == 1 else prompt_chunks).append((off, n, slot, start))
-        decodes = (DecodeAttention(decode_bounds, self.num_kv_heads, self.scaling, dev, self.key_pad)
-                   if decode_bounds else None)
+        index_t = torch.tensor(write_index, device=dev)
+        decodes = (DecodeAttention(decode_rows, decode_lengths, decode_tables, self.cache, self.num_kv_heads,
+                                   self.scaling, dev, self.key_pad) if decode_rows else None)
+        prompt_tables = [self.cache.table_tensor([c.blocks], c.start + n, dev) for _, n, c in prompt_chunks]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
@@ -140,20 +166,20 @@ class ModelRunner:
             # Rotary on q and k; the v heads' table is cos 1, sin 0 (v passes through unchanged).
             qkv = qkv * cos + qkv.roll(dim // 2, -1) * sin
             q = qkv[:, :heads]
-            self.cache.write(layer_idx, slots_t, pos_t, qkv[:, heads:])
+            self.cache.write(layer_idx, index_t, qkv[:, heads:])
             if not prompt_chunks:
-                out = decodes(q, self.cache.layers[layer_idx])
+                out = decodes(q, layer_idx)
             else:
                 out = torch.empty_like(q)
                 if decodes is not None:
-                    out[decodes.rows] = decodes(q, self.cache.layers[layer_idx])
-                for off, n, slot, start in prompt_chunks:
-                    out[off:off + n] = prefill_attention(q[off:off + n], self.cache.layers[layer_idx], slot,
-                                                         start, kv_heads, self.scaling)
+                    out[decodes.rows] = decodes(q, layer_idx)
+                for (off, n, c), tables in zip(prompt_chunks, prompt_tables):
+                    keys_values = self.cache.gather(layer_idx, tables, c.start + n)
+                    out[off:off + n] = prefill_attention(q[off:off + n], keys_values, c.start, kv_heads, self.scaling)
             hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
             gate, up = linear(rms_norm(hidden, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
             hidden = hidden + linear(self.act(gate) * up, w.down)
-        last = [off + n - 1 for (off, n, _, _), c in zip(bounds, chunks) if c.wants_logits]
+        last = [end for end, c in zip(ends, chunks) if c.wants_logits]
         if not last:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=dev)])
@@ -161,6 +187,6 @@ class ModelRunner:
 
     def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:
         """One decode step for every slot at the given lengths: the runner's speed limit (benchmarks)."""
-        chunks = [Chunk(slot, [0], length, True) for slot, length in enumerate(lengths)]
+        chunks = [Chunk(self.slot_blocks(slot), [0], length, True) for slot, length in enumerate(lengths)]
         return self.forward(chunks)
 

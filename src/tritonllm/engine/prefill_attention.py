@@ -1,4 +1,4 @@
-"""Causal attention of a prompt chunk over its slot's keys, in tiles fixed by absolute position.
+"""Causal attention of a prompt chunk over its sequence's keys, in tiles fixed by absolute position.
 
 A prompt's rows are cut into tiles of `PREFILL_TILE` positions ([0, 64), [64, 128), ...), and each
 tile is one attention call over the keys up to its own end. A row is thus computed the same way
@@ -20,10 +20,11 @@ import torch.nn.functional as F
 PREFILL_TILE = 64
 
 
-def prefill_attention(q: torch.Tensor, kv: torch.Tensor, slot: int, start: int, num_kv_heads: int,
+def prefill_attention(q: torch.Tensor, keys_values: torch.Tensor, start: int, num_kv_heads: int,
                       scaling: float) -> torch.Tensor:
-    """q: (n, heads, dim), the chunk's rows at positions start .. start + n - 1; kv: the layer's
-    cache (2 kv_heads, slots, len, dim), the chunk's own keys already written. Returns (n, heads, dim)."""
+    """q: (n, heads, dim), the chunk's rows at positions start .. start + n - 1; keys_values:
+    (1, 2 kv_heads, start + n, dim), the sequence's keys then values up to the chunk's end, its own
+    included (kv_cache.gather). Returns (n, heads, dim)."""
     n, heads = q.shape[0], q.shape[1]
     end = start + n
     queries = q.transpose(0, 1)[None]  # (1, heads, n, dim)
@@ -33,10 +34,9 @@ def prefill_attention(q: torch.Tensor, kv: torch.Tensor, slot: int, start: int, 
     while first < end:
         last = min(end, (first // PREFILL_TILE + 1) * PREFILL_TILE)  # the tile's rows: [first, last)
         mask = positions[None, :last] <= positions[first:last, None]
-        keys_values = kv[None, :, slot, :last]
         tile = F.scaled_dot_product_attention(
-            queries[:, :, first - start:last - start], keys_values[:, :num_kv_heads],
-            keys_values[:, num_kv_heads:], attn_mask=mask, scale=scaling,
+            queries[:, :, first - start:last - start], keys_values[:, :num_kv_heads, :last],
+            keys_values[:, num_kv_heads:, :last], attn_mask=mask, scale=scaling,
             enable_gqa=heads != num_kv_heads)
         out[first - start:last - start] = tile[0].transpose(0, 1)
         first = last

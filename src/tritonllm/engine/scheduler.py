@@ -1,18 +1,26 @@
 """Token-level scheduler: decides, every step, which tokens of which sequences go into the forward.
 
 Pure Python (no torch), so it is tested on its own. Each step:
-1. every running sequence that is decoding gets one token;
-2. running sequences still in (chunked) prefill get their next prompt chunk;
-3. waiting sequences are admitted first-come first-served while a slot is free,
+1. every running sequence that is decoding gets one token, and a KV block when it fills its last;
+2. running sequences still in (chunked) prefill get their next prompt chunk (a sequence resumed
+   after preemption recomputes its prompt, then its generated tokens);
+3. waiting sequences are admitted first-come first-served while a row is free (`max_num_seqs`)
+   and their prompt's blocks fit in the KV pool (block_manager.py; blocks found in the prefix
+   cache are shared, and their tokens are not computed again),
 all under `max_num_batched_tokens`. A prompt chunk cut short by the budget ends on a multiple of
 `chunk_align` (the runner's prefill tile), so that its rows are computed as in any other cut
 (batch invariance); a prompt that would get less than that waits for the next step. (A budget
-that cannot hold one tile beside a full step of decodes turns the alignment off.) A slot holds a whole sequence (prompt + max_tokens), so an
-admitted sequence never runs out of KV room and nothing needs preempting.
+that cannot hold one tile beside a full step of decodes turns the alignment off.)
+
+When a decoding sequence needs a block and the pool has none, the newest running sequence is
+preempted (vLLM V1's rule): its blocks are released and it waits at the head of the queue to be
+computed again. Its answer does not change: the runner computes its prompt and its generated
+tokens by the same paths as the first time (batch invariance, tested).
 
 With `batch_policy="request"` the same scheduler does request-level (static/dynamic) batching:
-waiting sequences are admitted only when the batch is empty, and a finished sequence keeps its
-row in the forward (fed padding, as `model.generate` does) until the batch's longest member ends.
+waiting sequences are admitted only when the batch is empty, each reserving blocks for its whole
+prompt + max_tokens (nothing is preempted), and a finished sequence keeps its row in the forward
+(fed padding, as `model.generate` does) until the batch's longest member ends.
 """
 
 from __future__ import annotations
@@ -20,20 +28,29 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from tritonllm.engine.block_manager import BlockManager
 from tritonllm.engine.sequence import Sequence, Status
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 16  # slots: sequences in one forward
+    max_num_seqs: int = 16  # rows: sequences in one forward
     max_model_len: int = 2048  # prompt + generated tokens of one sequence
     max_num_batched_tokens: int = 512  # tokens in one forward (decodes + prefill chunks)
     batch_policy: str = "continuous"  # or "request": a batch is admitted together and runs to its end
+    block_size: int = 64  # tokens per KV block (a multiple of the runner's prefill tile)
+    # KV pool: this many blocks; else kv_cache_memory_gb of memory (the engine converts it); else
+    # (both 0) room for max_num_seqs sequences of max_model_len, as fixed slots would reserve.
+    num_kv_blocks: int = 0
+    kv_cache_memory_gb: float = 0.0
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_policy not in ("continuous", "request"):
             raise ValueError(f"batch_policy must be 'continuous' or 'request', got {self.batch_policy!r}")
-        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        if self.num_kv_blocks < 0 or self.kv_cache_memory_gb < 0:
+            raise ValueError("num_kv_blocks and kv_cache_memory_gb must be >= 0")
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -41,6 +58,12 @@ class SchedulerConfig:
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}) so that every running sequence can decode each step"
             )
+
+    @property
+    def pool_blocks(self) -> int:
+        """Blocks of the KV pool, the null block included (when given in blocks or left default)."""
+        per_seq = -(-self.max_model_len // self.block_size)
+        return (self.num_kv_blocks or self.max_num_seqs * per_seq) + 1
 
 
 @dataclass(frozen=True)
@@ -61,10 +84,11 @@ class Scheduler:
         self.config = config
         fits_a_tile = config.max_num_batched_tokens - config.max_num_seqs >= chunk_align
         self.chunk_align = chunk_align if fits_a_tile else 1
+        self.blocks = BlockManager(config.pool_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots: list[int] = list(range(config.max_num_seqs - 1, -1, -1))
         self.padded: list[Sequence] = []  # request policy: finished rows still in the batch
+        self.num_preemptions = 0
 
     def check_fits(self, seq: Sequence) -> None:
         """Raise ValueError if the sequence could never run."""
@@ -74,6 +98,12 @@ class Scheduler:
             raise ValueError(
                 f"prompt ({seq.num_prompt} tokens) + max_tokens ({seq.params.max_tokens}) = "
                 f"{seq.max_total_tokens} exceeds max_model_len ({self.config.max_model_len})"
+            )
+        pool_tokens = self.blocks.num_usable * self.config.block_size
+        if seq.max_total_tokens > pool_tokens:
+            raise ValueError(
+                f"prompt ({seq.num_prompt} tokens) + max_tokens ({seq.params.max_tokens}) = "
+                f"{seq.max_total_tokens} exceeds the KV cache ({pool_tokens} tokens)"
             )
 
     def add(self, seq: Sequence) -> None:
@@ -87,59 +117,102 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
-        decoding = [s for s in self.running if not s.in_prefill]
-        prefilling = [s for s in self.running if s.in_prefill]
-        for seq in decoding:
-            chunks.append(ScheduledChunk(seq, seq.num_computed, seq.num_tokens - seq.num_computed))
-            budget -= chunks[-1].num_tokens
-        for seq in prefilling:
-            chunk = self._prefill_chunk(seq, budget) if budget > 0 else None
-            if chunk is not None:
-                chunks.append(chunk)
-                budget -= chunk.num_tokens
+        for seq in list(self.running):  # oldest first: the newest are preempted first
+            if seq in self.running and seq.num_tokens - seq.num_computed == 1 and self._grow(seq):
+                chunks.append(ScheduledChunk(seq, seq.num_computed, 1))
+                budget -= 1
+        for seq in self.running:  # prompts (and resumed sequences) catching up
+            if seq.num_tokens - seq.num_computed > 1 and budget > 0:
+                chunk = self._prefill_chunk(seq, budget)
+                if chunk is not None:
+                    chunks.append(chunk)
+                    budget -= chunk.num_tokens
         if self.config.batch_policy == "request":
             if self.running:  # the batch runs on with its finished rows as padding; nobody joins
                 last = self.config.max_model_len - 1
                 return chunks + [ScheduledChunk(s, min(s.num_tokens, last), 1, padding=True) for s in self.padded]
-        while self.waiting and self.free_slots and budget > 0:
-            chunk = self._prefill_chunk(self.waiting[0], budget)
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            chunk = self._admit(self.waiting[0], budget)
             if chunk is None:  # first come, first served: nobody overtakes it
                 break
-            seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
-            seq.status = Status.RUNNING
-            self.running.append(seq)
+            self.running.append(self.waiting.popleft())
             chunks.append(chunk)
             budget -= chunk.num_tokens
         return chunks
 
+    def _admit(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
+        """Give the sequence its blocks and its first chunk, or None if it must wait."""
+        cached = self.blocks.cached_prefix(seq.prompt_ids)
+        holds = seq.max_total_tokens if self.config.batch_policy == "request" else seq.num_tokens
+        if not self.blocks.can_allocate(holds, cached):
+            return None
+        seq.num_computed = len(cached) * self.config.block_size
+        chunk = self._prefill_chunk(seq, budget)
+        if chunk is None:
+            seq.num_computed = 0
+            return None
+        seq.block_table = self.blocks.allocate(holds, cached)
+        seq.block_hashes = [self.blocks.blocks[b].hash for b in cached]
+        seq.num_cached_tokens = seq.num_computed
+        self.blocks.prefix_queries += seq.num_prompt
+        self.blocks.prefix_hits += seq.num_cached_tokens
+        seq.status = Status.RUNNING
+        return chunk
+
+    def _grow(self, seq: Sequence) -> bool:
+        """A block for the sequence's next token, preempting the newest sequences until one is free;
+        False if the sequence itself was preempted."""
+        while not self.blocks.grow(seq.block_table, seq.num_tokens):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Release a running sequence's blocks; it waits at the head of the queue to be recomputed."""
+        self.running.remove(seq)
+        self.blocks.release(seq.block_table)
+        seq.block_hashes = []
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
     def _prefill_chunk(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
-        """The sequence's next prompt chunk within `budget`, or None if it must wait a step."""
-        start, n = seq.num_computed, seq.num_prompt - seq.num_computed
-        if n > budget:  # cut short: end on an aligned position
-            n = (start + budget) // self.chunk_align * self.chunk_align - start
+        """The sequence's next chunk within `budget`, or None if it must wait a step: the rest of
+        its prompt, then (resumed after preemption) the rest of its generated tokens."""
+        start = seq.num_computed
+        in_prompt = start < seq.num_prompt
+        n = (seq.num_prompt if in_prompt else seq.num_tokens) - start
+        if n > budget:  # cut short: a prompt chunk ends on an aligned position (generated rows need not)
+            n = (start + budget) // self.chunk_align * self.chunk_align - start if in_prompt else budget
         return ScheduledChunk(seq, start, n) if n > 0 else None
 
+    def advance(self, chunk: ScheduledChunk) -> None:
+        """The chunk was computed: its tokens' keys and values are in the cache."""
+        seq = chunk.seq
+        seq.num_computed += chunk.num_tokens
+        self.blocks.register(seq.block_table, seq.block_hashes, seq.prompt_ids, seq.num_computed)
+
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark finished and give its slot back at once; nothing is copied."""
+        """Mark finished and release its blocks at once; nothing is copied."""
         if seq.finished:
             return
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         if seq in self.running:
             self.running.remove(seq)
+            if self.config.batch_policy == "request" and reason != "abort":
+                self.padded.append(seq)  # its row and blocks free when the whole batch has ended
+            else:
+                self.blocks.release(seq.block_table)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if seq.slot is not None:
-            if self.config.batch_policy == "request" and reason != "abort":
-                self.padded.append(seq)  # its slot frees when the whole batch has ended
-            else:
-                self.free_slots.append(seq.slot)
-                seq.slot = None
-        if self.padded and not self.running:  # the batch has ended: every row frees its slot
+        if self.padded and not self.running:  # the batch has ended: every row frees its blocks
             for done in self.padded:
-                self.free_slots.append(done.slot)
-                done.slot = None
+                self.blocks.release(done.block_table)
             self.padded.clear()
 
     def find(self, request_id: str) -> Sequence | None:

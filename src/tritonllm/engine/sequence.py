@@ -41,8 +41,11 @@ class Sequence:
     callback: Callable[[RequestOutput], None] | None = None
     arrival_time: float = field(default_factory=time.perf_counter)
     status: Status = Status.WAITING
-    slot: int | None = None
+    block_table: list[int] = field(default_factory=list)  # KV blocks holding its tokens, in order
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hash of each full prompt block computed
     num_computed: int = 0  # tokens whose keys/values are in the cache
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its (last) admission
+    num_preemptions: int = 0
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_scheduled_time: float | None = None  # first forward that computed it (the end of its wait)

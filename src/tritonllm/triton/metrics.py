@@ -74,6 +74,12 @@ class EngineCounters:
                                                "forward", Family.COUNTER, labels),
             "queue_seconds": self._metric("tritonllm_request_queue_seconds_total", "Seconds requests waited in the "
                                           "engine before their first forward (summed)", Family.COUNTER, labels),
+            "preemptions": self._metric("tritonllm_num_preemptions_total", "Sequences preempted for KV blocks "
+                                        "(recomputed later)", Family.COUNTER, labels),
+            "prefix_cache_queries": self._metric("tritonllm_prefix_cache_queries_total", "Prompt tokens looked up "
+                                                 "in the prefix cache", Family.COUNTER, labels),
+            "prefix_cache_hits": self._metric("tritonllm_prefix_cache_hits_total", "Prompt tokens found in the "
+                                              "prefix cache (not computed)", Family.COUNTER, labels),
         }
         self.seen = {name: 0 for name in self.counters}
         self.info = export_model_info(model_name, engine)
@@ -121,7 +127,12 @@ class InflightMetrics(EngineCounters):
         self.slots = self._metric("tritonllm_num_slots", "Sequences the engine runs at once (max_num_seqs)",
                                   Family.GAUGE, labels)
         self.slots.set(engine.config.max_num_seqs)
-        self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache slots in use (0-1)", Family.GAUGE, labels)
+        self.kv_usage = self._metric("tritonllm_kv_cache_usage_ratio", "KV cache blocks in use (0-1)", Family.GAUGE, labels)
+        self.kv_blocks_used = self._metric("tritonllm_kv_cache_blocks_used", "KV cache blocks held by sequences",
+                                           Family.GAUGE, labels)
+        self.kv_blocks = self._metric("tritonllm_kv_cache_blocks", "KV cache blocks of the pool "
+                                      f"({engine.config.block_size} tokens each)", Family.GAUGE, labels)
+        self.kv_blocks.set(engine.scheduler.blocks.num_usable)
         self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
                                         "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
         self.ttft = self._histogram("tritonllm_time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS)
@@ -141,7 +152,9 @@ class InflightMetrics(EngineCounters):
         self.running.set(running)
         self.waiting.set(self.engine.num_waiting)
         self.open.set(num_open)
-        self.kv_usage.set(running / self.engine.config.max_num_seqs)
+        blocks = self.engine.scheduler.blocks
+        self.kv_usage.set(blocks.usage)
+        self.kv_blocks_used.set(blocks.num_usable - blocks.num_free)
         self.utilisation.set(stats.slot_utilisation)
 
     def observe_finished(self, out: RequestOutput) -> None:

@@ -28,7 +28,19 @@ def engine_config(params: dict[str, str], max_num_seqs: int | None = None) -> Sc
         max_num_seqs=max_num_seqs or int(params.get("max_num_seqs", defaults.max_num_seqs)),
         max_model_len=int(params.get("max_model_len", defaults.max_model_len)),
         max_num_batched_tokens=int(params.get("max_num_batched_tokens", defaults.max_num_batched_tokens)),
+        block_size=int(params.get("block_size", defaults.block_size)),
+        num_kv_blocks=int(params.get("num_kv_blocks", defaults.num_kv_blocks)),
+        kv_cache_memory_gb=float(params.get("kv_cache_memory_gb", defaults.kv_cache_memory_gb)),
+        enable_prefix_caching=flag(params.get("enable_prefix_caching", "true"), "enable_prefix_caching"),
     )
+
+
+def flag(value: str, name: str) -> bool:
+    if value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"parameter {name} must be true or false, got {value!r}")
 
 
 def read_request(request) -> GenerateRequest:
