@@ -124,6 +124,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--rates", default="auto",
                    help="'auto' (from the closed-loop point's best req/s), 'none', or comma-separated req/s")
     s.add_argument("--quick", action="store_true", help="only the closed-loop point (same as --rates none)")
+    s.add_argument("--batch-sizes", default="",
+                   help="e.g. 8,16,32,64: the whole comparison at each batch capacity (max_num_seqs of "
+                        "llm_inflight = max_batch_size of the batchers), each on a tritonserver this command "
+                        "starts, with B users; batch_sizes.md/.png plot tokens/s and capacity against B")
     s.add_argument("--sweep-points", type=int, default=5,
                    help="rates of an auto sweep, from 0.1x to 1.6x saturation on a log scale")
     s.add_argument("--point-time", type=float, default=10.0,
@@ -142,6 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="fixed:N | uniform:A:B | exp:MEAN:CAP[:MIN] (forced with max_tokens + ignore_eos)")
     w.add_argument("--prompt-words", default=DEFAULT_PROMPT_WORDS, help="'dataset' or a distribution as above")
     w.add_argument("--prompts-file", default="", help="JSON-lines prompts (default: the shipped set)")
+    w.add_argument("--shared-prefix-words", type=int, default=0,
+                   help="every prompt starts with the same text of this many words (a shared system prompt: "
+                        "what prefix caching serves)")
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--warmup", type=int, default=8, help="short requests sent to each model before its run (0: none)")
@@ -195,6 +202,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--sweep-points, --point-time, --drain-time and --point-min-requests must be > 0")
     if args.max_users < 1:
         p.error("--max-users must be >= 1")
+    try:
+        args.batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+    except ValueError:
+        p.error("--batch-sizes takes comma-separated integers")
+    if args.batch_sizes and (args.batch_sizes[0] < 1 or args.openai_url or args.via == "openai"):
+        p.error("--batch-sizes takes capacities >= 1, for the Triton schemes (not with --openai-url or --via openai)")
     return args
 
 
@@ -376,7 +389,7 @@ def locust_command(args, target: Target, scheme: str, point: Point, run_dir: Pat
            "--logfile", str(run_dir / "locust.log"), "--only-summary",
            "--samples-file", str(run_dir / "samples.jsonl"), "--max-requests", str(point.requests),
            "--output-tokens", args.output_tokens, "--prompt-words", args.prompt_words,
-           "--workload-seed", str(args.seed), "--temperature", str(args.temperature),
+           "--shared-prefix-words", str(args.shared_prefix_words), "--workload-seed", str(args.seed), "--temperature", str(args.temperature),
            "--arrival-rate", str(point.rate)]
     if args.prompts_file:
         cmd += ["--prompts-file", str(Path(args.prompts_file).resolve())]
@@ -487,10 +500,16 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
     peer server whose idle threads would take CPU from the others' rows."""
     args = parse_args(argv)
     workload = Workload(load_prompts(args.prompts_file or None), args.output_tokens, args.prompt_words,
-                        args.seed, args.temperature)  # validates the flags before anything starts
+                        args.seed, args.temperature, shared_prefix_words=args.shared_prefix_words)  # validates the flags
     # Absolute: each locust runs with its run directory as working directory.
     out = (args.out or Path("results") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.batch_sizes:
+        from tritonllm_loadtest import batch_sizes
+
+        code = batch_sizes.run(args, list(sys.argv[1:] if argv is None else argv), out)
+        log(f"batch-size view: {out / 'batch_sizes.md'}")
+        return code
     t_start = time.monotonic()
     log(f"results -> {out}")
     log(f"workload: {workload.describe()}")

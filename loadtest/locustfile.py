@@ -64,6 +64,8 @@ def _add_arguments(parser):
                         "max_tokens + ignore_eos)")
     g.add_argument("--prompt-words", default=DEFAULT_PROMPT_WORDS, env_var="LOCUST_PROMPT_WORDS",
                    help="Prompt length in words: 'dataset' (prompts as written) or a distribution as above")
+    g.add_argument("--shared-prefix-words", type=int, default=0, env_var="LOCUST_SHARED_PREFIX_WORDS",
+                   help="Every prompt starts with the same text of this many words (a shared system prompt)")
     g.add_argument("--prompts-file", default="", env_var="LOCUST_PROMPTS_FILE",
                    help="JSON-lines prompt set (default: the shipped loadtest/prompts.jsonl)")
     g.add_argument("--workload-seed", type=int, default=0, env_var="LOCUST_WORKLOAD_SEED",
@@ -157,7 +159,7 @@ def _on_test_start(environment, **_):
             opts.max_requests_per_worker = math.ceil(opts.max_requests / workers)
     if opts is not None:  # workers get the master's custom options with the spawn message
         STATE.workload = Workload(load_prompts(opts.prompts_file or None), opts.output_tokens, opts.prompt_words,
-                                  opts.workload_seed, opts.temperature)
+                                  opts.workload_seed, opts.temperature, shared_prefix_words=opts.shared_prefix_words)
         rate = opts.arrival_rate_per_worker or opts.arrival_rate
         if rate > 0 and not isinstance(runner, MasterRunner):
             STATE.arrivals = ArrivalSchedule(rate, opts.workload_seed, stream=max(runner.worker_index, 0))

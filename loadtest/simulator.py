@@ -95,10 +95,7 @@ def batcher_config(model: str, repository: Path = REPOSITORY) -> BatcherConfig:
 def engine_config(model: str = "llm_inflight", repository: Path = REPOSITORY) -> tuple[SchedulerConfig, int]:
     """The in-flight engine's scheduler config and its queue bound (max_queue_size, 0: unbounded)."""
     _, params = read_config(model, repository)
-    return (SchedulerConfig(max_num_seqs=int(params.get("max_num_seqs", 8)),
-                            max_model_len=int(params.get("max_model_len", 2048)),
-                            max_num_batched_tokens=int(params.get("max_num_batched_tokens", 512))),
-            int(params.get("max_queue_size", 0)))
+    return SchedulerConfig.from_parameters(params), int(params.get("max_queue_size", 0))
 
 
 def _sequence(req: SimRequest) -> Sequence:

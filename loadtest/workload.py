@@ -137,7 +137,9 @@ class Workload:
 
     def __init__(self, prompts: list[Prompt] | None = None, output_tokens: str | LengthDist = DEFAULT_OUTPUT_TOKENS,
                  prompt_words: str | LengthDist | None = DEFAULT_PROMPT_WORDS, seed: int = 0,
-                 temperature: float = 0.0, ignore_eos: bool = True):
+                 temperature: float = 0.0, ignore_eos: bool = True, shared_prefix_words: int = 0):
+        """shared_prefix_words: every prompt starts with the same text of this many words (a system
+        prompt); its share of each prompt is shared / (shared + the prompt's own words)."""
         self.prompts = prompts if prompts is not None else load_prompts()
         if not self.prompts:
             raise ValueError("the workload needs at least one prompt")
@@ -148,6 +150,15 @@ class Workload:
         if temperature < 0:
             raise ValueError("temperature must be >= 0")
         self.seed, self.temperature, self.ignore_eos = seed, temperature, ignore_eos
+        if shared_prefix_words < 0:
+            raise ValueError("shared_prefix_words must be >= 0")
+        self.shared_prefix_words = shared_prefix_words
+        # The shared text: the prompt set read backwards from its last prompt (so it is not the
+        # opening of any request's own text), as many times as it takes.
+        words: list[str] = []
+        while len(words) < shared_prefix_words:
+            words += " ".join(p.text for p in reversed(self.prompts)).split()
+        self.shared_prefix = " ".join(words[:shared_prefix_words])
 
     def request(self, index: int, stream: int = 0) -> RequestSpec:
         """Request `index` of stream `stream` (distributed workers use their worker index)."""
@@ -156,6 +167,8 @@ class Workload:
         max_tokens = self.output_tokens.sample(rng)
         prompt = self.prompts[first]
         text = prompt.text if self.prompt_words is None else self._words(first, self.prompt_words.sample(rng))
+        if self.shared_prefix:
+            text = f"{self.shared_prefix}\n\n{text}"
         sampling: dict[str, Any] = {"max_tokens": max_tokens, "ignore_eos": self.ignore_eos,
                                     "temperature": self.temperature}
         if self.temperature > 0:
@@ -183,6 +196,8 @@ class Workload:
 
     def describe(self) -> str:
         prompts = "dataset prompts as written" if self.prompt_words is None else f"prompt words {self.prompt_words}"
+        if self.shared_prefix_words:
+            prompts += f", after a shared prefix of {self.shared_prefix_words} words"
         return (f"{len(self.prompts)} prompts ({prompts}); output tokens {self.output_tokens} "
                 f"(mean {self.output_tokens.mean():.1f}, forced with max_tokens + ignore_eos={self.ignore_eos}); "
                 f"temperature {self.temperature:g}; seed {self.seed}")

@@ -12,7 +12,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, choose_cut, key_pad
+from tritonllm.engine.decode_attention import DecodeAttention, call_keys
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
@@ -21,17 +21,17 @@ from tritonllm.engine.scheduler import SchedulerConfig
 CPU = torch.device("cpu")
 
 
-def test_one_long_row_goes_alone_and_similar_rows_stay_together():
-    assert choose_cut([32] * 7 + [1600], lone_calls=True) == 32
-    assert choose_cut([300] * 8, lone_calls=True) == 300
-    assert choose_cut([100, 120, 140, 160], lone_calls=True) == 160  # too close to split
-    assert choose_cut([32] * 7 + [1600], lone_calls=False) == 1600  # off CPU: one padded call
-
-
-def test_keys_are_padded_past_the_small_gemm_fallback():
-    assert key_pad(3, 64) == 32  # the bundled model: 32 keys x 3 heads x 64 > 16^3
-    assert key_pad(1, 64) == 80  # 64 x 64 = 16^3 exactly is still the fallback
-    assert key_pad(4, 128) == 16
+def test_a_rows_call_spans_keys_of_its_own_length_only():
+    # the bundled model: 3 query heads per KV head, dim 64: a ladder 30, 94, 158, ... (each ≡ 14 mod 16)
+    assert [call_keys(n, 3, 64) for n in (1, 30, 31, 94, 95, 300, 478)] == [
+        (30, False), (30, False), (94, False), (94, False), (158, False), (350, False), (478, False)]
+    assert call_keys(479, 3, 64) == (512, True) and call_keys(1600, 3, 64) == (1600, True)  # alone
+    for g, dim in ((3, 64), (1, 64), (4, 128), (8, 128)):
+        for n in range(1, 600):
+            keys, alone = call_keys(n, g, dim)
+            assert keys >= n and keys - n < 64 + 16
+            if not alone:  # each thread's buffer of the flash kernel on 64 bytes, past the small-gemm fallback
+                assert (g * (keys + 2 + dim)) % 16 == 0 and keys * g * dim > 16 ** 3 and keys < 512
 
 
 def reference(q_row: torch.Tensor, keys_values: torch.Tensor, kv_heads: int, scale: float):
@@ -42,23 +42,29 @@ def reference(q_row: torch.Tensor, keys_values: torch.Tensor, kv_heads: int, sca
     return F.scaled_dot_product_attention(q_row[:, None], k, v, scale=scale)[:, 0]
 
 
-def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequence: bool = False):
-    """Rows packed after `offset` other tokens, each over its own blocks (shuffled across the pool),
-    against plain attention over the same keys in order."""
+def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequence: bool = False,
+               home: list[int] = ()):
+    """Rows packed after `offset` other tokens, each over its own blocks (shuffled across the pool,
+    or at home in the lane given by `home` for the first rows), against plain attention over the
+    same keys in order."""
     torch.manual_seed(len(lengths))
-    heads, kv_heads, dim, block = 4, 2, 16, 64
+    heads, kv_heads, dim, block, lane = 4, 2, 16, 64, 32
     blocks_per_row = [-(-n // block) for n in lengths]
-    cache = PagedKVCache(1, 1 + sum(blocks_per_row), block, kv_heads, dim, dtype, CPU)
+    lanes = 8 if home else 0
+    cache = PagedKVCache(1, 1 + lanes * lane + sum(blocks_per_row), block, kv_heads, dim, dtype, CPU,
+                         lane_blocks=lane if home else 0)
     cache.layers[0].copy_(torch.randn_like(cache.layers[0]))
-    ids = torch.randperm(sum(blocks_per_row)).add(1).tolist()
+    ids = torch.randperm(sum(blocks_per_row)).add(1 + lanes * lane).tolist()
     if same_sequence:  # one sequence's rows: one table, each row over its own prefix
         tables = [ids[:n] for n in blocks_per_row]
     else:
         starts = [sum(blocks_per_row[:i]) for i in range(len(lengths))]
         tables = [ids[at:at + n] for at, n in zip(starts, blocks_per_row)]
+    for i, h in enumerate(home):
+        tables[i] = list(range(1 + h * lane, 1 + h * lane + blocks_per_row[i]))
     q = torch.randn(offset + len(lengths), heads, dim).to(dtype)
     rows = list(range(offset, offset + len(lengths)))
-    attention = DecodeAttention(rows, lengths, tables, cache, kv_heads, 0.25, CPU, key_pad(heads // kv_heads, dim))
+    attention = DecodeAttention(rows, lengths, tables, cache, kv_heads, 0.25, CPU, heads // kv_heads, dim)
     out = attention(q, 0)
     assert out.shape == (len(lengths), heads, dim)
     for i, (n, table) in enumerate(zip(lengths, tables)):
@@ -71,14 +77,22 @@ def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequen
 
 def test_each_row_attends_over_its_own_keys_only():
     attention = check_rows([32, 7, 1600, 1, 40], offset=0)  # one long row alone
-    assert [i for i, _, _ in attention.lone] == [2]
-    attention = check_rows([20 + 9 * s for s in range(8)], offset=0)  # similar rows together
-    assert attention.all_together
+    assert attention.lone_rows == [2]
+    # this shape's ladder: 134, 198, 262, ... keys; a call per rung
+    attention = check_rows([20 + 30 * s for s in range(8)], offset=0)
+    assert not attention.lone_rows and [len(g[0]) for g in attention.groups] == [4, 2, 2]
     # behind a prefill chunk of 5 tokens, in bfloat16, two lone rows
     attention = check_rows([1500, 3, 1800, 12], offset=5, dtype=torch.bfloat16)
-    assert [i for i, _, _ in attention.lone] == [0, 2]
+    assert attention.lone_rows == [0, 2]
     # rows of one sequence at successive positions (recomputed after preemption), each over its own prefix
     check_rows([700, 701, 702, 703], offset=2, same_sequence=True)
+    # rows at home in lanes (read in place, lanes 1 and 6 idle) beside gathered rows and a lone long one
+    attention = check_rows([50, 90, 150, 160, 70, 1700, 64], offset=3, home=[2, 0, 4, 3, 1, 7])
+    # the 1,700-key row alone; the rung of 134 keys: lanes 2, 0, 1 in place (span 3), the 64-key row
+    # gathered; the rung of 198: lanes 4 and 3 (span 5 > 2 x 2 rows), so gathered
+    assert [(len(g[0]), g[1] if isinstance(g[1], int) else "gather") for g in attention.groups] == [
+        (1, "gather"), (3, 3), (1, "gather"), (2, "gather")]
+    check_rows([50, 90, 33], offset=0, dtype=torch.bfloat16, home=[1, 0])
 
 
 def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_model):
@@ -97,7 +111,7 @@ def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_mo
         decoding = [c for c in chunks if len(c.token_ids) == 1]
         if len(decoding) > 1:
             lengths = [c.start + 1 for c in decoding]
-            lone_steps.append(choose_cut(lengths, True) < max(lengths))
+            lone_steps.append(call_keys(max(lengths), 2, 16)[1] and min(lengths) < 400)
         return forward(chunks)
 
     engine.runner.forward = watch

@@ -362,3 +362,43 @@ def test_request_policy_frees_an_aborted_row_at_once():
 def test_unknown_batch_policy_is_named():
     with pytest.raises(ValueError, match="batch_policy"):
         SchedulerConfig(batch_policy="static")
+
+
+def test_config_from_model_parameters():
+    cfg = SchedulerConfig.from_parameters({"max_num_seqs": "32", "block_size": "128", "num_kv_blocks": "500",
+                                           "kv_cache_memory_gb": "1.5", "enable_prefix_caching": "false",
+                                           "max_queue_size": "7"})  # not an engine knob: ignored here
+    assert (cfg.max_num_seqs, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_memory_gb) == (32, 128, 500, 1.5)
+    assert cfg.enable_prefix_caching is False and cfg.max_model_len == SchedulerConfig().max_model_len
+    assert cfg.pool_blocks == 501  # the null block too
+    assert SchedulerConfig.from_parameters({"max_num_seqs": "32"}, max_num_seqs=4).max_num_seqs == 4
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        SchedulerConfig.from_parameters({"enable_prefix_caching": "maybe"})
+    with pytest.raises(ValueError):
+        SchedulerConfig.from_parameters({"num_kv_blocks": "-1"})
+
+
+def test_a_pool_too_small_for_a_request_refuses_it_naming_the_kv_cache():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=2, max_model_len=64, max_num_batched_tokens=16,
+                                      block_size=4, num_kv_blocks=5))  # 20 tokens
+    with pytest.raises(ValueError, match="KV cache"):
+        sched.add(make_seq("big", 15, 6))
+    sched.add(make_seq("fits", 15, 5))
+
+
+def test_the_newest_sequence_is_preempted_when_a_decode_needs_a_block():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=3, max_model_len=64, max_num_batched_tokens=32,
+                                      block_size=4, num_kv_blocks=6, enable_prefix_caching=False))
+    old, new = make_seq("old", 8, 10), make_seq("new", 8, 10)  # 2 blocks each at admission
+    for s in (old, new):
+        sched.add(s)
+    apply_step(sched, sched.schedule())  # both prefill and sample: 9 tokens, the 9th needs a 3rd block
+    apply_step(sched, sched.schedule())  # both get their 3rd block: 6 of 6 used
+    assert sched.blocks.num_free == 0
+    for _ in range(3):
+        apply_step(sched, sched.schedule())
+    chunks = sched.schedule()  # old needs a 4th block: new (the newest) gives up its blocks
+    assert [c.seq.request_id for c in chunks] == ["old"] and sched.num_preemptions == 1
+    assert new.status is Status.WAITING and sched.waiting[0] is new and new.num_computed == 0
+    assert len(new.output_ids) == 5  # what it generated stays; it is recomputed, not restarted
+    check_blocks(sched, sched.config)

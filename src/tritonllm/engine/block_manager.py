@@ -14,6 +14,13 @@ compared as well as hashes, so a hash collision cannot give a wrong answer.
 Only prompt blocks are registered: they are computed by the prefill path (prefill_attention.py),
 the same way whatever chunks their prompt came in, so a hit holds the very bits a cold prefill
 would compute (tested). Generated tokens are computed by the decode path, with other bits.
+
+Lanes: the pool's blocks are also cut into lanes of `lane_blocks` consecutive blocks (a
+max_model_len each). A sequence admitted without a prefix hit takes the first blocks of a lane
+none of whose blocks is held, and grows into the lane's next block while it is free: such a
+sequence sits "at home", its keys in one run at a fixed stride from the other lanes', so decode
+attention reads it in place, as fixed slots would (kv_cache.py); any other table is gathered.
+Lanes only choose which free block is handed out: memory is still taken block by block.
 """
 
 from __future__ import annotations
@@ -37,11 +44,14 @@ def chain_hash(previous: int | None, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, lane_blocks: int = 0):
         if num_blocks < 2:
             raise ValueError(f"the KV pool needs at least 2 blocks, got {num_blocks}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.lane_blocks = lane_blocks
+        self.num_lanes = (num_blocks - 1) // lane_blocks if lane_blocks else 0
+        self.lane_held = [0] * self.num_lanes  # blocks of each lane held by sequences
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self.cached: dict[int, int] = {}  # hash -> id of the block holding that prefix
@@ -104,24 +114,33 @@ class BlockManager:
         return self.blocks_for(num_tokens) - len(cached) + idle_hits <= self.num_free
 
     def allocate(self, num_tokens: int, cached: list[int]) -> list[int]:
-        """A block table for `num_tokens` tokens whose first blocks are `cached` (shared)."""
+        """A block table for `num_tokens` tokens whose first blocks are `cached` (shared); without
+        them, the start of a free lane when there is one."""
         table = []
         for block_id in cached:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if self.blocks[block_id].ref_count == 0:
                 del self.free[block_id]
-            block.ref_count += 1
+            self._hold(block_id)
             table.append(block_id)
+        if not table:
+            lane = self._free_lane()
+            if lane is not None and self.blocks_for(num_tokens):
+                table.append(self._take(1 + lane * self.lane_blocks))
         self.grow(table, num_tokens)
         return table
 
     def grow(self, table: list[int], num_tokens: int) -> bool:
-        """Extend a table to hold `num_tokens`; False (table unchanged) if the pool cannot."""
+        """Extend a table to hold `num_tokens` (into its lane while it can); False (table unchanged)
+        if the pool cannot."""
         needed = self.blocks_for(num_tokens) - len(table)
         if needed > self.num_free:
             return False
         for _ in range(needed):
-            table.append(self._take_free())
+            home = table[-1] + 1 if table and self._lane(table[-1]) is not None else None
+            if home is not None and self._lane(home) == self._lane(table[-1]) and home in self.free:
+                table.append(self._take(home))
+            else:
+                table.append(self._take(next(iter(self.free))))  # least recently freed
         return True
 
     def release(self, table: list[int]) -> None:
@@ -131,14 +150,38 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[block_id] = None
+                lane = self._lane(block_id)
+                if lane is not None:
+                    self.lane_held[lane] -= 1
         table.clear()
 
-    def _take_free(self) -> int:
-        block_id, _ = self.free.popitem(last=False)  # least recently freed
+    def _lane(self, block_id: int) -> int | None:
+        lane = (block_id - 1) // self.lane_blocks if self.lane_blocks else None
+        return lane if lane is not None and lane < self.num_lanes else None
+
+    def _free_lane(self) -> int | None:
+        """A lane none of whose blocks is held, preferring one that caches no prefix."""
+        free = [lane for lane, held in enumerate(self.lane_held) if held == 0]
+        for lane in free:
+            first = 1 + lane * self.lane_blocks
+            if all(self.blocks[b].hash is None for b in range(first, first + self.lane_blocks)):
+                return lane
+        return free[0] if free else None
+
+    def _hold(self, block_id: int) -> None:
         block = self.blocks[block_id]
-        if block.hash is not None:  # evicted from the prefix cache
+        block.ref_count += 1
+        lane = self._lane(block_id)
+        if block.ref_count == 1 and lane is not None:
+            self.lane_held[lane] += 1
+
+    def _take(self, block_id: int) -> int:
+        """A free block, evicted from the prefix cache if it was there, now held once."""
+        del self.free[block_id]
+        block = self.blocks[block_id]
+        if block.hash is not None:
             if self.cached.get(block.hash) == block_id:
                 del self.cached[block.hash]
             block.hash, block.token_ids = None, ()
-        block.ref_count = 1
+        self._hold(block_id)
         return block_id

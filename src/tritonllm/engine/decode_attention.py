@@ -1,27 +1,28 @@
 """Attention of a step's one-token rows (decodes), at a cost that follows their true lengths.
 
-Each row attends over its own sequence's keys, gathered from its KV blocks (kv_cache.py). One
-batched call over every row, padded to the longest, would cost rows x longest: one long request
-made every row pay for its length (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600).
-Here rows are split by length at a `cut`:
+Each row attends over its own sequence's keys (kv_cache.py). Rows are grouped by the number of
+keys their call spans, a function of the row's own length only (`call_keys`): rows up to 510 keys
+take the next rung of a ladder (110, 174, 238, ... for the bundled model: steps of 64), longer
+rows a call of their own over their keys padded to 64. Each group is one call, masked to each
+row's own length. One call over every row padded to the longest made every row pay for the
+longest (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600); here a row pays at most
+63 keys past its own.
 
-- rows up to `cut` keys: one batched call, each row masked to its own length;
-- each longer row: a call of its own over its own keys.
+Batch invariance: a row's result must not depend on the other rows. Measured on PyTorch 2.13's
+CPU flash kernel (bundled model, bf16): a row's bits changed with the number of keys its call
+spanned, masked keys included (318 against 382 keys: other bits, whatever the masked keys held),
+and with the thread that computed it: the kernel gives each thread a buffer of (query heads per
+KV head) x (keys + 2 + head_dim) floats, and a row computed in a buffer off a 64-byte boundary
+rounded differently. So the key count is the row's own choice, never its neighbours', and the
+ladder's counts put every thread's buffer on a 64-byte boundary (`aligned`; ≡ 14 mod 16 for the
+bundled model). Past the kernel's block of 512 keys no count aligns it; such a row always goes
+alone, so its work is split across threads the same way every time. Several rows of one sequence
+(its generated tokens recomputed after preemption) are rows like any others, each over its own
+prefix: computed as when they were decoded one by one.
 
-`cut` is chosen per step by a cost model measured on this CPU (a padded key of the batched call
-costs 1, a key of a lone call ~1.4, a lone call ~500 keys): a few long rows get their own calls,
-rows of similar length stay together. Off CPU (not measured there) the batched call covers every
-row (cut = longest).
-
-Batch invariance: a row's result must not depend on the other rows. CPU's flash kernel gives a
-row the same bits over any number of keys past its own, masked, once that number is a multiple
-of 16 (measured; shorter paddings round differently) and no block of keys is so small that its
-gemm (keys x query heads per KV head x head_dim multiply-adds) falls to PyTorch's fallback below
-16^3, another code path. So every call, batched or lone, attends over a multiple of `key_pad`
-keys, masked to each row's own: alone or beside any others, a row is computed over the same keys
-in the same order. Several rows of one sequence (its generated tokens recomputed after
-preemption) are rows like any others, each over its own prefix: computed as when they were
-decoded one by one.
+Rows at home in their lane (block_manager.py) are read in place: one call over the lanes up to
+the highest used one, as fixed slots were (lanes without a row of the group attend one harmless
+key, dropped). The other rows' keys are gathered into a buffer first (kv_cache.KVGather).
 """
 
 from __future__ import annotations
@@ -29,62 +30,76 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.kv_cache import PagedKVCache
+from tritonllm.engine.kv_cache import KVGather, PagedKVCache
 
-LONE_KEY_COST = 1.4  # a key attended in a row's own call, against 1 for a key of the batched call
-LONE_CALL_COST = 500  # a call of its own, in batched keys (measured, AMD EPYC, bf16)
 SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
-
-
-def key_pad(query_heads_per_kv_head: int, head_dim: int) -> int:
-    """Every call attends over a multiple of this many keys: a multiple of 16 whose block of keys
-    is past the small-gemm fallback (32 for the bundled model: 3 query heads per KV head, dim 64)."""
-    pad = 16
-    while pad * query_heads_per_kv_head * head_dim <= SMALL_GEMM:
-        pad += 16
-    return pad
+FLASH_KV_BLOCK = 512  # PyTorch's CPU flash kernel computes keys in blocks of this many
+RUNG = 64  # keys between two counts of the ladder
 
 
 def padded(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
-def choose_cut(lengths: list[int], lone_calls: bool) -> int:
-    """The longest row that attends in the batched call; longer rows go alone."""
-    longest = max(lengths)
-    if not lone_calls:
-        return longest
+def aligned(keys: int, query_heads_per_kv_head: int, head_dim: int) -> int:
+    """The fewest keys >= `keys` that put each thread's buffer of the flash kernel on 64 bytes."""
+    while (query_heads_per_kv_head * (keys + 2 + head_dim)) % 16:
+        keys += 1
+    return keys
 
-    def cost(cut: int) -> float:
-        return sum(cut if n <= cut else n * LONE_KEY_COST + LONE_CALL_COST for n in lengths)
 
-    return min(sorted(set(lengths)), key=cost)
+def call_keys(length: int, query_heads_per_kv_head: int, head_dim: int) -> tuple[int, bool]:
+    """(keys the call of a row of `length` keys spans, whether the row goes alone)."""
+    g = query_heads_per_kv_head
+    first = aligned(SMALL_GEMM // (g * head_dim) + 1, g, head_dim)  # past the small-gemm fallback
+    keys = first + padded(max(0, length - first), RUNG)
+    if keys < FLASH_KV_BLOCK and aligned(keys, g, head_dim) == keys:
+        return keys, False
+    return padded(length, RUNG), True
 
 
 class DecodeAttention:
     """Made once per step for its one-token rows; `__call__` runs one layer's attention for them."""
 
     def __init__(self, rows: list[int], lengths: list[int], tables: list[list[int]], cache: PagedKVCache,
-                 num_kv_heads: int, scaling: float, device: torch.device, pad: int):
+                 num_kv_heads: int, scaling: float, device: torch.device, group: int, head_dim: int):
         """rows: each row's index among the step's tokens; lengths: its keys (its own included);
-        tables: its sequence's block table."""
+        tables: its sequence's block table; group: query heads per KV head."""
         self.cache, self.num_kv_heads, self.scaling = cache, num_kv_heads, scaling
         self.rows = torch.tensor(rows, device=device)
-        self.cut = choose_cut(lengths, lone_calls=device.type == "cpu")
-        together = [i for i, n in enumerate(lengths) if n <= self.cut]
-        self.together = torch.tensor(together, device=device)
-        self.all_together = len(together) == len(rows)
-        self.num_keys = padded(self.cut, pad)
-        self.tables = cache.table_tensor([tables[i] for i in together], self.num_keys, device)
-        keys = torch.arange(padded(max(lengths), pad), device=device)
-        visible = torch.tensor([lengths[i] for i in together], device=device)
-        self.mask = (keys[None, :self.num_keys] < visible[:, None])[:, None, None, :]  # (rows, 1, 1, keys)
-        self.lone = []  # (index among rows, table tensor, mask) of each row going alone
+        by_keys: dict[int, list[int]] = {}
+        self.lone_rows = []
+        self.groups = []  # (rows, where their keys come from, mask, query of each call row, its output rows)
         for i, n in enumerate(lengths):
-            if n > self.cut:
-                num_keys = padded(n, pad)
-                self.lone.append((i, cache.table_tensor([tables[i]], num_keys, device),
-                                  (keys[:num_keys] < n)[None, None, None, :]))
+            keys, alone = call_keys(n, group, head_dim)
+            if alone:
+                self.lone_rows.append(i)
+                self.groups.append(self.gathered([i], lengths, tables, keys, device))
+            else:
+                by_keys.setdefault(keys, []).append(i)
+        for keys, members in sorted(by_keys.items()):
+            lanes = {}  # row -> its lane, for rows at home (one row per lane)
+            for i in members:
+                lane = cache.home_lane(tables[i], keys)
+                if lane is not None and lane not in lanes.values():
+                    lanes[i] = lane
+            span = max(lanes.values()) + 1 if lanes else 0
+            if lanes and span <= 2 * len(lanes):  # else a few rows in far lanes: gathering them is cheaper
+                queries = [min(lanes)] * span  # the row whose query each lane takes (lanes without one: any)
+                visible = [1] * span
+                for i, lane in lanes.items():
+                    queries[lane], visible[lane] = i, lengths[i]
+                self.groups.append((torch.tensor(list(lanes), device=device), span, mask(keys, visible, device),
+                                    torch.tensor(queries, device=device), torch.tensor(list(lanes.values()), device=device)))
+                members = [i for i in members if i not in lanes]
+            if members:
+                self.groups.append(self.gathered(members, lengths, tables, keys, device))
+        self.whole = len(self.groups) == 1 and self.groups[0][4] is None and len(self.groups[0][0]) == len(rows)
+
+    def gathered(self, members, lengths, tables, keys, device):
+        index = torch.tensor(members, device=device)
+        gather = KVGather(self.cache, [tables[i] for i in members], keys, RUNG)
+        return index, gather, mask(keys, [lengths[i] for i in members], device), index, None
 
     def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: (tokens, heads, dim) of the whole step. Returns (rows, heads, dim) in the order of the
@@ -93,19 +108,20 @@ class DecodeAttention:
         kvh = self.num_kv_heads
         # Query heads grouped by the KV head they share (GQA) instead of repeating keys.
         queries = q[self.rows].view(-1, kvh, heads // kvh, dim)
-        if self.all_together:
-            return self.batched(queries, layer).reshape(-1, heads, dim)
-        out = torch.empty_like(queries)
-        if len(self.together):
-            out[self.together] = self.batched(queries[self.together], layer)
-        for i, tables, mask in self.lone:  # 4-D, so that CPU takes the flash kernel (3-D takes the math one)
-            keys_values = self.cache.gather(layer, tables, mask.shape[-1])
-            out[i:i + 1] = F.scaled_dot_product_attention(queries[i:i + 1], keys_values[:, :kvh], keys_values[:, kvh:],
-                                                          attn_mask=mask, scale=self.scaling)
+        out = None if self.whole else torch.empty_like(queries)
+        for members, source, keys_mask, query_rows, picked in self.groups:
+            if isinstance(source, KVGather):
+                keys_values = source(layer)
+            else:  # lanes 0 .. source - 1, in place
+                keys_values = self.cache.lane_view(layer, source, keys_mask.shape[-1])
+            result = F.scaled_dot_product_attention(queries[query_rows], keys_values[:, :kvh], keys_values[:, kvh:],
+                                                    attn_mask=keys_mask, scale=self.scaling)
+            if out is None:
+                return result.reshape(-1, heads, dim)
+            out[members] = result if picked is None else result[picked]
         return out.reshape(-1, heads, dim)
 
-    def batched(self, queries: torch.Tensor, layer: int) -> torch.Tensor:
-        keys_values = self.cache.gather(layer, self.tables, self.num_keys)
-        return F.scaled_dot_product_attention(queries, keys_values[:, :self.num_kv_heads],
-                                              keys_values[:, self.num_kv_heads:], attn_mask=self.mask,
-                                              scale=self.scaling)
+
+def mask(keys: int, visible: list[int], device) -> torch.Tensor:
+    """(calls, 1, 1, keys): each call row sees its first `visible` keys."""
+    return (torch.arange(keys, device=device)[None, :] < torch.tensor(visible, device=device)[:, None])[:, None, None, :]

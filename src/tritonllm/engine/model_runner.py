@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, key_pad
+from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.fused_weights import fuse_layer
-from tritonllm.engine.kv_cache import PagedKVCache
+from tritonllm.engine.kv_cache import KVGather, PagedKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
 from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
 from tritonllm.engine.quantization import resolve_quantization
@@ -116,15 +116,15 @@ class ModelRunner:
         self.num_kv_heads = self.config.num_key_value_heads
         self.scaling = attn.scaling
         self.max_model_len = max_model_len
-        self.key_pad = key_pad(self.num_heads // self.num_kv_heads, self.head_dim)
         self.blocks_per_slot = -(-max_model_len // block_size)
         self.cache = PagedKVCache(len(self.layers), num_blocks or num_slots * self.blocks_per_slot + 1, block_size,
-                                  self.num_kv_heads, self.head_dim, self.dtype, self.device)
+                                  self.num_kv_heads, self.head_dim, self.dtype, self.device,
+                                  lane_blocks=self.blocks_per_slot)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
 
     def slot_blocks(self, slot: int) -> list[int]:
-        """A fixed block table for `slot` of a default-sized pool laid out as slots (benchmarks, tests)."""
+        """The blocks of lane `slot`: a fixed table, at home (benchmarks, tests)."""
         first = 1 + slot * self.blocks_per_slot
         return list(range(first, first + self.blocks_per_slot))
 
@@ -151,8 +151,9 @@ class ModelRunner:
         pos_t = torch.tensor(positions, device=dev)
         index_t = torch.tensor(write_index, device=dev)
         decodes = (DecodeAttention(decode_rows, decode_lengths, decode_tables, self.cache, self.num_kv_heads,
-                                   self.scaling, dev, self.key_pad) if decode_rows else None)
-        prompt_tables = [self.cache.table_tensor([c.blocks], c.start + n, dev) for _, n, c in prompt_chunks]
+                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim)
+                   if decode_rows else None)
+        prompt_gathers = [KVGather(self.cache, [c.blocks], c.start + n, PREFILL_TILE) for _, n, c in prompt_chunks]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
@@ -173,8 +174,8 @@ class ModelRunner:
                 out = torch.empty_like(q)
                 if decodes is not None:
                     out[decodes.rows] = decodes(q, layer_idx)
-                for (off, n, c), tables in zip(prompt_chunks, prompt_tables):
-                    keys_values = self.cache.gather(layer_idx, tables, c.start + n)
+                for (off, n, c), gather in zip(prompt_chunks, prompt_gathers):
+                    keys_values = gather(layer_idx)
                     out[off:off + n] = prefill_attention(q[off:off + n], keys_values, c.start, kv_heads, self.scaling)
             hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
             gate, up = linear(rms_norm(hidden, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)

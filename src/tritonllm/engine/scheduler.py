@@ -59,6 +59,23 @@ class SchedulerConfig:
                 f"({self.max_num_seqs}) so that every running sequence can decode each step"
             )
 
+    @classmethod
+    def from_parameters(cls, params: dict[str, str], **fixed) -> "SchedulerConfig":
+        """From config.pbtxt parameters (vLLM's names, string values); `fixed` wins over them."""
+        defaults = cls()
+        values = {}
+        for name, default in vars(defaults).items():
+            if name == "batch_policy" or name not in params:
+                continue
+            text = params[name].strip()
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"parameter {name} must be true or false, got {text!r}")
+                values[name] = text.lower() in ("true", "1")
+            else:
+                values[name] = type(default)(text)
+        return cls(**{**values, **fixed})
+
     @property
     def pool_blocks(self) -> int:
         """Blocks of the KV pool, the null block included (when given in blocks or left default)."""
@@ -84,7 +101,8 @@ class Scheduler:
         self.config = config
         fits_a_tile = config.max_num_batched_tokens - config.max_num_seqs >= chunk_align
         self.chunk_align = chunk_align if fits_a_tile else 1
-        self.blocks = BlockManager(config.pool_blocks, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(config.pool_blocks, config.block_size, config.enable_prefix_caching,
+                                   lane_blocks=-(-config.max_model_len // config.block_size))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.padded: list[Sequence] = []  # request policy: finished rows still in the batch

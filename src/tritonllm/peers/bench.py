@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from tritonllm.peers.peer_server import log
-from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY, TritonServer, find_free_ports
+from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm.server.repository import configured_repository
 
 LONG_OUTPUT_TOKENS = "exp:64:512"  # heavy-tailed, longer than the main job's exp:48:256
 PEERS = ("llama.cpp", "vllm")
@@ -41,15 +40,7 @@ def mixes() -> dict[str, tuple[str, str]]:
 
 def inflight_repository(slots: int, dest: Path) -> Path:
     """A model repository holding only llm_inflight, with `slots` sequences (max_num_seqs)."""
-    shutil.copytree(DEFAULT_MODEL_REPOSITORY / "llm_inflight", dest / "llm_inflight",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    config = dest / "llm_inflight" / "config.pbtxt"
-    text, n = re.subn(r'(key: "max_num_seqs", value: \{ string_value: ")\d+(")', rf"\g<1>{slots}\g<2>",
-                      config.read_text())
-    if n != 1:
-        raise SystemExit(f"error: no max_num_seqs parameter in {config}")
-    config.write_text(text)
-    return dest
+    return configured_repository(dest, {"llm_inflight": {"max_num_seqs": str(slots)}})
 
 
 def engine_settings(repository: Path) -> dict:

@@ -23,24 +23,7 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 def engine_config(params: dict[str, str], max_num_seqs: int | None = None) -> SchedulerConfig:
     """Engine knobs from config.pbtxt parameters (vLLM's names)."""
-    defaults = SchedulerConfig()
-    return SchedulerConfig(
-        max_num_seqs=max_num_seqs or int(params.get("max_num_seqs", defaults.max_num_seqs)),
-        max_model_len=int(params.get("max_model_len", defaults.max_model_len)),
-        max_num_batched_tokens=int(params.get("max_num_batched_tokens", defaults.max_num_batched_tokens)),
-        block_size=int(params.get("block_size", defaults.block_size)),
-        num_kv_blocks=int(params.get("num_kv_blocks", defaults.num_kv_blocks)),
-        kv_cache_memory_gb=float(params.get("kv_cache_memory_gb", defaults.kv_cache_memory_gb)),
-        enable_prefix_caching=flag(params.get("enable_prefix_caching", "true"), "enable_prefix_caching"),
-    )
-
-
-def flag(value: str, name: str) -> bool:
-    if value.strip().lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.strip().lower() in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(f"parameter {name} must be true or false, got {value!r}")
+    return SchedulerConfig.from_parameters(params, **({"max_num_seqs": max_num_seqs} if max_num_seqs else {}))
 
 
 def read_request(request) -> GenerateRequest:

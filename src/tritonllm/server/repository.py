@@ -1,0 +1,32 @@
+"""Copies of the shipped model repository with some models' settings changed (benchmarks)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
+
+
+def configured_repository(dest: Path, models: dict[str, dict[str, str]]) -> Path:
+    """A copy of model_repository/ with only `models`, each config.pbtxt given its settings:
+    {parameter: value}, added where the file has none; `max_batch_size` and `preferred_batch_size`
+    set those fields."""
+    for model, settings in models.items():
+        shutil.copytree(DEFAULT_MODEL_REPOSITORY / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+        config = dest / model / "config.pbtxt"
+        text = config.read_text()
+        for key, value in settings.items():
+            if key in ("max_batch_size", "preferred_batch_size"):
+                pattern = r"(?m)^max_batch_size: \d+" if key == "max_batch_size" else r"preferred_batch_size: \[ \d+ \]"
+                field = f"max_batch_size: {int(value)}" if key == "max_batch_size" else f"preferred_batch_size: [ {int(value)} ]"
+                text, n = re.subn(pattern, field, text)
+                if n != 1:
+                    raise ValueError(f"{config}: no {key} field")
+                continue
+            text, n = re.subn(rf'(key: "{re.escape(key)}", value: {{ string_value: ")[^"]*', rf"\g<1>{value}", text)
+            if n == 0:
+                text += f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}\n'
+        config.write_text(text)
+    return dest
