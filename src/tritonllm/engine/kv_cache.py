@@ -7,9 +7,8 @@ run (`KVGather`): one copy of what attention reads anyway. Measured here (bf16, 
 blocks): `index_select` along dim 0 of a (planes x blocks, tokens x dim) view into a buffer reused
 by every layer took half the time of index_select along the blocks dim, and a third of advanced
 indexing. Rows at home in their lane (block_manager.py) are read in place instead: the pool's
-lanes viewed as fixed slots (`lane_view`), no copy, which measured 13 % more tokens/s at 32 rows of
-the long mix than gathering every row. Freeing a block is handing back its id: nothing is copied
-or cleared.
+lanes viewed as fixed slots (`lane_view`), no copy. Freeing a block is handing back its id:
+nothing is copied or cleared.
 """
 
 from __future__ import annotations
