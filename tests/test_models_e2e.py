@@ -158,8 +158,8 @@ def test_batched_models_over_http_infer_grpc_infer_and_generate(strict_server, r
 
 
 def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, reference):
-    """16 requests queue behind 8 held ones; released together, they certainly share steps."""
-    slots = 8
+    """16 requests queue behind a held one per row; released together, they certainly share steps."""
+    slots = int(metric(triton_server, "tritonllm_num_slots", "llm_inflight"))  # max_num_seqs
     blockers = GrpcStream(triton_server)
     held = [f"block{i}" for i in range(slots)]
     stream = GrpcStream(triton_server)
@@ -176,7 +176,7 @@ def test_inflight_concurrent_greedy_matches_hf_and_batches(triton_server, refere
             stream.send(rid, text_input=prompt, stream=i % 2 == 0, exclude_input_in_output=True,
                         return_num_output_tokens=True, sampling_parameters={**GREEDY, "max_tokens": n})
         assert wait_for_metric(triton_server, "tritonllm_num_requests_waiting", lambda v: v == len(ids)) == len(ids)
-        blockers.close(cancel=True)  # the 8 slots free at once: the waiting requests start together
+        blockers.close(cancel=True)  # every row frees at once: the waiting requests start together
         stream.wait(ids)
         assert not stream.errors, stream.errors
     finally:
@@ -223,8 +223,9 @@ def test_batched_concurrent_greedy_matches_hf_and_batches(strict_server, referen
 
 
 def test_cancelled_stream_frees_running_and_waiting_sequences(triton_server, reference):
-    """10 held requests on 8 slots (streamed and not), then stop_stream(cancel_requests=True)."""
-    slots, n, hold = 8, 10, 20
+    """Held requests, 2 more than rows (streamed and not), then stop_stream(cancel_requests=True)."""
+    slots, hold = int(metric(triton_server, "tritonllm_num_slots", "llm_inflight")), 20
+    n = slots + 2
     long = {**GREEDY, "max_tokens": 2000, "ignore_eos": True}
     running = wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 0)
     assert running == 0, "an earlier test left sequences running"
@@ -530,9 +531,9 @@ def test_every_model_reports_the_dtype_it_runs(triton_server):
 
 def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
     """The waste counters, the same for all three models: a lone 5-token request is 5 tokens in 5
-    sampling steps that offered 8 slots each, so 35 of its 40 slot-steps were idle."""
-    slots = 8
+    sampling steps that offered a row each per slot (llm_inflight: max_num_seqs; the batchers: 8)."""
     for model in ("llm_inflight", *BATCHED):
+        slots = int(metric(triton_server, "tritonllm_num_slots", "llm_inflight")) if model == "llm_inflight" else 8
         tokens0 = metric(triton_server, "tritonllm_generation_tokens_total", model)
         steps0 = metric(triton_server, "tritonllm_slot_steps_total", model)
         scheduled0 = metric(triton_server, "tritonllm_requests_scheduled_total", model)
