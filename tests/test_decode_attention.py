@@ -12,7 +12,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention, call_keys
+from tritonllm.engine.decode_attention import DecodeAttention, group_rows, min_keys
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
@@ -21,17 +21,27 @@ from tritonllm.engine.scheduler import SchedulerConfig
 CPU = torch.device("cpu")
 
 
-def test_a_rows_call_spans_keys_of_its_own_length_only():
-    # the bundled model: 3 query heads per KV head, dim 64: a ladder 30, 94, 158, ... (each ≡ 14 mod 16)
-    assert [call_keys(n, 3, 64) for n in (1, 30, 31, 94, 95, 300, 478)] == [
-        (30, False), (30, False), (94, False), (94, False), (158, False), (350, False), (478, False)]
-    assert call_keys(479, 3, 64) == (512, True) and call_keys(1600, 3, 64) == (1600, True)  # alone
-    for g, dim in ((3, 64), (1, 64), (4, 128), (8, 128)):
+def test_a_row_needs_the_fewest_keys_that_give_it_the_same_bits_in_any_call():
+    # the bundled model: 3 query heads per KV head, dim 64: aligned counts are ≡ 14 mod 16, and a row's
+    # keys must all lie in full vectors of 16
+    assert [min_keys(n, 3, 64) for n in (1, 16, 17, 30, 350, 478, 496)] == [30, 30, 46, 46, 366, 494, 510]
+    assert min_keys(497, 3, 64) is None and min_keys(1600, 3, 64) is None  # alone
+    for g, dim in ((3, 64), (1, 64), (4, 128), (8, 128), (2, 16)):
         for n in range(1, 600):
-            keys, alone = call_keys(n, g, dim)
-            assert keys >= n and keys - n < 64 + 16
-            if not alone:  # each thread's buffer of the flash kernel on 64 bytes, past the small-gemm fallback
+            keys = min_keys(n, g, dim)
+            if keys is not None:  # each thread's buffer on 64 bytes, past the small-gemm fallback, in full vectors
                 assert (g * (keys + 2 + dim)) % 16 == 0 and keys * g * dim > 16 ** 3 and keys < 512
+                assert n <= 16 * (keys // 16) and keys - max(n, 16 ** 3 // (g * dim) + 1) < 64
+
+
+def test_rows_share_a_call_unless_a_call_of_their_own_costs_less():
+    assert group_rows([30] * 8) == [(30, list(range(8)))]
+    assert group_rows([46, 30, 62]) == [(62, [1, 0, 2])]  # a little padding costs less than a call
+    needs = [30] * 8 + [494]
+    assert group_rows(needs) == [(30, list(range(8))), (494, [8])]  # a long row does not make all pay
+    calls = group_rows([30, 494, 110, 46, 478, 494, 30])
+    assert sorted(i for _, rows in calls for i in rows) == list(range(7))
+    assert all(keys == max([30, 494, 110, 46, 478, 494, 30][i] for i in rows) for keys, rows in calls)
 
 
 def reference(q_row: torch.Tensor, keys_values: torch.Tensor, kv_heads: int, scale: float):
@@ -78,9 +88,10 @@ def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequen
 def test_each_row_attends_over_its_own_keys_only():
     attention = check_rows([32, 7, 1600, 1, 40], offset=0)  # one long row alone
     assert attention.lone_rows == [2]
-    # this shape's ladder: 134, 198, 262, ... keys; a call per rung
+    # rows of 20 to 230 keys: 5 need this shape's fewest keys (134), 3 up to 246; two calls cost less
+    # than padding all to 246
     attention = check_rows([20 + 30 * s for s in range(8)], offset=0)
-    assert not attention.lone_rows and [len(g[0]) for g in attention.groups] == [4, 2, 2]
+    assert not attention.lone_rows and [n for *_, n in attention.calls] == [5, 3]
     # behind a prefill chunk of 5 tokens, in bfloat16, two lone rows
     attention = check_rows([1500, 3, 1800, 12], offset=5, dtype=torch.bfloat16)
     assert attention.lone_rows == [0, 2]
@@ -88,11 +99,14 @@ def test_each_row_attends_over_its_own_keys_only():
     check_rows([700, 701, 702, 703], offset=2, same_sequence=True)
     # rows at home in lanes (read in place, lanes 1 and 6 idle) beside gathered rows and a lone long one
     attention = check_rows([50, 90, 150, 160, 70, 1700, 64], offset=3, home=[2, 0, 4, 3, 1, 7])
-    # the 1,700-key row alone; the rung of 134 keys: lanes 2, 0, 1 in place (span 3), the 64-key row
-    # gathered; the rung of 198: lanes 4 and 3 (span 5 > 2 x 2 rows), so gathered
-    assert [(len(g[0]), g[1] if isinstance(g[1], int) else "gather") for g in attention.groups] == [
-        (1, "gather"), (3, 3), (1, "gather"), (2, "gather")]
+    # the 1,700-key row alone, in place in lane 7; the others in one call: lanes 0-4 in place, the 64-key
+    # row gathered
+    assert [(source if isinstance(source, tuple) else "gather", n) for source, _, _, n in attention.calls] == [
+        ((7, 1), 1), ((0, 5), 5), ("gather", 1)]
     check_rows([50, 90, 33], offset=0, dtype=torch.bfloat16, home=[1, 0])
+    # rows in far lanes (6 and 1 in one call: span 6 > 2 x 2 rows) are gathered
+    attention = check_rows([40, 45], offset=1, home=[6, 1])
+    assert [source if isinstance(source, tuple) else "gather" for source, *_ in attention.calls] == ["gather"]
 
 
 def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_model):
@@ -111,7 +125,7 @@ def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_mo
         decoding = [c for c in chunks if len(c.token_ids) == 1]
         if len(decoding) > 1:
             lengths = [c.start + 1 for c in decoding]
-            lone_steps.append(call_keys(max(lengths), 2, 16)[1] and min(lengths) < 400)
+            lone_steps.append(min_keys(max(lengths), 2, 16) is None and min(lengths) < 400)
         return forward(chunks)
 
     engine.runner.forward = watch

@@ -1,28 +1,35 @@
 """Attention of a step's one-token rows (decodes), at a cost that follows their true lengths.
 
-Each row attends over its own sequence's keys (kv_cache.py). Rows are grouped by the number of
-keys their call spans, a function of the row's own length only (`call_keys`): rows up to 510 keys
-take the next rung of a ladder (110, 174, 238, ... for the bundled model: steps of 64), longer
-rows a call of their own over their keys padded to 64. Each group is one call, masked to each
-row's own length. One call over every row padded to the longest made every row pay for the
-longest (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600); here a row pays at most
-63 keys past its own.
+Each row attends over its own sequence's keys (kv_cache.py), in calls of PyTorch's CPU flash
+kernel, each row masked to its own length. One call over every row padded to the longest made
+every row pay for the longest (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600); a
+call per length made every step pay a call's fixed cost (~50 us a layer here) many times. So each
+step groups its rows by length (`group_rows`: fewest calls x padded keys, by a measured cost) and
+a row longer than the kernel's block of 512 keys goes alone.
 
 Batch invariance: a row's result must not depend on the other rows. Measured on PyTorch 2.13's
-CPU flash kernel (bundled model, bf16): a row's bits changed with the number of keys its call
-spanned, masked keys included (318 against 382 keys: other bits, whatever the masked keys held),
-and with the thread that computed it: the kernel gives each thread a buffer of (query heads per
-KV head) x (keys + 2 + head_dim) floats, and a row computed in a buffer off a 64-byte boundary
-rounded differently. So the key count is the row's own choice, never its neighbours', and the
-ladder's counts put every thread's buffer on a 64-byte boundary (`aligned`; ≡ 14 mod 16 for the
-bundled model). Past the kernel's block of 512 keys no count aligns it; such a row always goes
-alone, so its work is split across threads the same way every time. Several rows of one sequence
-(its generated tokens recomputed after preemption) are rows like any others, each over its own
-prefix: computed as when they were decoded one by one.
+CPU flash kernel with the bundled model's own queries, keys and values (bf16), a row gets the
+same bits in every call of K keys, with any number of rows, at any place among them, whatever its
+masked keys hold, when:
+- K is below the kernel's block of 512 keys (past it the kernel's buffers cannot all be aligned;
+  such a row always goes alone, so its work is split across threads the same way every time);
+- each thread's buffer, (query heads per KV head) x (K + 2 + head_dim) floats, sits on 64 bytes
+  (`aligned`; K ≡ 14 mod 16 for the bundled model): a row computed in a buffer off a 64-byte
+  boundary rounded differently;
+- every one of the row's keys lies in the kernel's full vectors of 16 (the row's length <= 16 x
+  (K // 16)): keys past the last full vector take a scalar exp, other bits (a row of 350 keys in a
+  call of 350 against one of 414: other bits in 25 of 30 layers; in calls of 366 to 510: the same);
+- the gemm is past PyTorch's small-gemm fallback (K x query heads per KV head x head_dim > 16^3).
+`min_keys` is the fewest keys of a call that meets these for a row; any longer aligned call below
+512 gives the row the same bits (tested). Several rows of one sequence (its generated tokens
+recomputed after preemption) are rows like any others, each over its own prefix.
 
-Rows at home in their lane (block_manager.py) are read in place: one call over the lanes up to
-the highest used one, as fixed slots were (lanes without a row of the group attend one harmless
-key, dropped). The other rows' keys are gathered into a buffer first (kv_cache.KVGather).
+Rows at home in their lane (block_manager.py) are read in place: one call over the lanes from
+the lowest to the highest a group uses, as fixed slots were (lanes without a row of the group
+attend one harmless key, dropped). The other rows' keys are gathered into a buffer first
+(kv_cache.KVGather). The work around the calls is done once per layer: the queries of every call
+in one index, the results back in the rows' order in one, the masks made additive once per step
+(what the kernel makes of a boolean mask on every call).
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from tritonllm.engine.kv_cache import KVGather, PagedKVCache
 
 SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
 FLASH_KV_BLOCK = 512  # PyTorch's CPU flash kernel computes keys in blocks of this many
-RUNG = 64  # keys between two counts of the ladder
+VECTOR = 16  # floats in the kernel's vectors (AVX-512; a multiple of AVX2's 8)
+GATHER_PIECE = 64  # keys are gathered in pieces of this many (a lone row's call spans whole pieces)
+CALL_COST = 400  # a call's fixed cost, in keys x rows attended (~40 us against ~0.1 us; AMD EPYC, bf16)
 
 
 def padded(length: int, multiple: int) -> int:
@@ -48,58 +57,83 @@ def aligned(keys: int, query_heads_per_kv_head: int, head_dim: int) -> int:
     return keys
 
 
-def call_keys(length: int, query_heads_per_kv_head: int, head_dim: int) -> tuple[int, bool]:
-    """(keys the call of a row of `length` keys spans, whether the row goes alone)."""
+def min_keys(length: int, query_heads_per_kv_head: int, head_dim: int) -> int | None:
+    """The fewest keys of a call a row of `length` keys may share (see the module's notes); None if
+    the row must go alone."""
     g = query_heads_per_kv_head
-    first = aligned(SMALL_GEMM // (g * head_dim) + 1, g, head_dim)  # past the small-gemm fallback
-    keys = first + padded(max(0, length - first), RUNG)
-    if keys < FLASH_KV_BLOCK and aligned(keys, g, head_dim) == keys:
-        return keys, False
-    return padded(length, RUNG), True
+    keys = max(length, SMALL_GEMM // (g * head_dim) + 1)
+    while aligned(keys, g, head_dim) != keys or length > VECTOR * (keys // VECTOR):
+        keys += 1
+    return keys if keys < FLASH_KV_BLOCK else None
+
+
+def group_rows(needs: list[int]) -> list[tuple[int, list[int]]]:
+    """Rows (by index) into calls: [(keys of the call, its rows)], each call as long as its longest
+    need, at the least cost of CALL_COST per call plus rows x keys (one pass over the needs sorted)."""
+    order = sorted(range(len(needs)), key=needs.__getitem__)
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the first j rows of `order` in calls
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        keys = needs[order[j - 1]]
+        for i in range(j):
+            if i and needs[order[i - 1]] == needs[order[i]]:
+                continue  # rows of one need stay together
+            cost = best[i] + CALL_COST + (j - i) * keys
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    calls, j = [], len(order)
+    while j:
+        calls.append((needs[order[j - 1]], order[cut[j]:j]))
+        j = cut[j]
+    return calls[::-1]
 
 
 class DecodeAttention:
     """Made once per step for its one-token rows; `__call__` runs one layer's attention for them."""
 
     def __init__(self, rows: list[int], lengths: list[int], tables: list[list[int]], cache: PagedKVCache,
-                 num_kv_heads: int, scaling: float, device: torch.device, group: int, head_dim: int):
+                 num_kv_heads: int, scaling: float, device: torch.device, group: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32):
         """rows: each row's index among the step's tokens; lengths: its keys (its own included);
-        tables: its sequence's block table; group: query heads per KV head."""
+        tables: its sequence's block table; group: query heads per KV head; dtype: the queries'."""
         self.cache, self.num_kv_heads, self.scaling = cache, num_kv_heads, scaling
         self.rows = torch.tensor(rows, device=device)
-        by_keys: dict[int, list[int]] = {}
-        self.lone_rows = []
-        self.groups = []  # (rows, where their keys come from, mask, query of each call row, its output rows)
-        for i, n in enumerate(lengths):
-            keys, alone = call_keys(n, group, head_dim)
-            if alone:
-                self.lone_rows.append(i)
-                self.groups.append(self.gathered([i], lengths, tables, keys, device))
-            else:
-                by_keys.setdefault(keys, []).append(i)
-        for keys, members in sorted(by_keys.items()):
+        needs = [min_keys(n, group, head_dim) for n in lengths]
+        self.lone_rows = [i for i, need in enumerate(needs) if need is None]
+        shared = [i for i, need in enumerate(needs) if need is not None]
+        plan = [(padded(lengths[i], GATHER_PIECE), [i]) for i in self.lone_rows]  # (keys of a call, its rows)
+        plan += [(keys, [shared[k] for k in members]) for keys, members in group_rows([needs[i] for i in shared])]
+        # Every call's rows are one slice of the queries, gathered in one index per layer; each row's result
+        # is picked from the calls' outputs, concatenated, with one index.
+        self.calls = []  # (where the keys come from, additive mask, first call row, rows)
+        query_of: list[int] = []  # the row whose query each call row takes
+        position = [0] * len(lengths)  # each row's call row
+        for keys, members in plan:
             lanes = {}  # row -> its lane, for rows at home (one row per lane)
             for i in members:
                 lane = cache.home_lane(tables[i], keys)
                 if lane is not None and lane not in lanes.values():
                     lanes[i] = lane
-            span = max(lanes.values()) + 1 if lanes else 0
+            first = min(lanes.values(), default=0)
+            span = max(lanes.values(), default=-1) + 1 - first
             if lanes and span <= 2 * len(lanes):  # else a few rows in far lanes: gathering them is cheaper
-                queries = [min(lanes)] * span  # the row whose query each lane takes (lanes without one: any)
-                visible = [1] * span
+                queries, visible = [next(iter(lanes))] * span, [1] * span  # lanes without a row: any query
                 for i, lane in lanes.items():
-                    queries[lane], visible[lane] = i, lengths[i]
-                self.groups.append((torch.tensor(list(lanes), device=device), span, mask(keys, visible, device),
-                                    torch.tensor(queries, device=device), torch.tensor(list(lanes.values()), device=device)))
+                    queries[lane - first], visible[lane - first] = i, lengths[i]
+                    position[i] = len(query_of) + lane - first
+                self.calls.append(((first, span), additive_mask(keys, visible, device, dtype), len(query_of), span))
+                query_of += queries
                 members = [i for i in members if i not in lanes]
             if members:
-                self.groups.append(self.gathered(members, lengths, tables, keys, device))
-        self.whole = len(self.groups) == 1 and self.groups[0][4] is None and len(self.groups[0][0]) == len(rows)
-
-    def gathered(self, members, lengths, tables, keys, device):
-        index = torch.tensor(members, device=device)
-        gather = KVGather(self.cache, [tables[i] for i in members], keys, RUNG)
-        return index, gather, mask(keys, [lengths[i] for i in members], device), index, None
+                gather = KVGather(cache, [tables[i] for i in members], keys, GATHER_PIECE)
+                for k, i in enumerate(members):
+                    position[i] = len(query_of) + k
+                self.calls.append((gather, additive_mask(keys, [lengths[i] for i in members], device, dtype),
+                                   len(query_of), len(members)))
+                query_of += members
+        self.query_tokens = torch.tensor([rows[i] for i in query_of], device=device)
+        in_order = position == list(range(len(lengths))) and len(query_of) == len(lengths)
+        self.result_index = None if in_order else torch.tensor(position, device=device)
 
     def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: (tokens, heads, dim) of the whole step. Returns (rows, heads, dim) in the order of the
@@ -107,21 +141,25 @@ class DecodeAttention:
         heads, dim = q.shape[1], q.shape[2]
         kvh = self.num_kv_heads
         # Query heads grouped by the KV head they share (GQA) instead of repeating keys.
-        queries = q[self.rows].view(-1, kvh, heads // kvh, dim)
-        out = None if self.whole else torch.empty_like(queries)
-        for members, source, keys_mask, query_rows, picked in self.groups:
+        queries = q[self.query_tokens].view(-1, kvh, heads // kvh, dim)
+        results = []
+        for source, keys_mask, first, n in self.calls:
             if isinstance(source, KVGather):
                 keys_values = source(layer)
-            else:  # lanes 0 .. source - 1, in place
-                keys_values = self.cache.lane_view(layer, source, keys_mask.shape[-1])
-            result = F.scaled_dot_product_attention(queries[query_rows], keys_values[:, :kvh], keys_values[:, kvh:],
-                                                    attn_mask=keys_mask, scale=self.scaling)
-            if out is None:
-                return result.reshape(-1, heads, dim)
-            out[members] = result if picked is None else result[picked]
+            else:  # lanes source[0] .. source[0] + source[1] - 1, in place
+                keys_values = self.cache.lane_view(layer, *source, keys_mask.shape[-1])
+            results.append(F.scaled_dot_product_attention(
+                queries[first:first + n], keys_values[:, :kvh], keys_values[:, kvh:], attn_mask=keys_mask,
+                scale=self.scaling))
+        out = results[0] if len(results) == 1 else torch.cat(results)
+        if self.result_index is not None:
+            out = out[self.result_index]
         return out.reshape(-1, heads, dim)
 
 
-def mask(keys: int, visible: list[int], device) -> torch.Tensor:
-    """(calls, 1, 1, keys): each call row sees its first `visible` keys."""
-    return (torch.arange(keys, device=device)[None, :] < torch.tensor(visible, device=device)[:, None])[:, None, None, :]
+def additive_mask(keys: int, visible: list[int], device, dtype) -> torch.Tensor:
+    """(calls, 1, 1, keys): 0 on each call row's first `visible` keys, -inf past them. The values
+    `scaled_dot_product_attention` makes of a boolean mask itself, made once per step instead of
+    once per call."""
+    seen = torch.arange(keys, device=device)[None, :] < torch.tensor(visible, device=device)[:, None]
+    return torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))[:, None, None, :]

@@ -43,11 +43,12 @@ class PagedKVCache:
             return None
         return lane
 
-    def lane_view(self, layer: int, num_lanes: int, num_keys: int) -> torch.Tensor:
-        """(lanes, 2 kv_heads, num_keys, head_dim): the first lanes' keys then values, in place."""
+    def lane_view(self, layer: int, first: int, num_lanes: int, num_keys: int) -> torch.Tensor:
+        """(lanes, 2 kv_heads, num_keys, head_dim): keys then values of lanes first .. first + num_lanes - 1,
+        in place."""
         kv = self.layers[layer]
         lanes = kv[:, 1:1 + self.num_lanes * self.lane_blocks].view(kv.shape[0], self.num_lanes, -1, kv.shape[-1])
-        return lanes[:, :num_lanes, :num_keys].transpose(0, 1)
+        return lanes[:, first:first + num_lanes, :num_keys].transpose(0, 1)
 
     def token_index(self, blocks: list[int], positions: range) -> list[int]:
         """Where each position of a sequence lives in the flattened pool; positions past its table

@@ -151,7 +151,7 @@ class ModelRunner:
         pos_t = torch.tensor(positions, device=dev)
         index_t = torch.tensor(write_index, device=dev)
         decodes = (DecodeAttention(decode_rows, decode_lengths, decode_tables, self.cache, self.num_kv_heads,
-                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim)
+                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim, self.dtype)
                    if decode_rows else None)
         prompt_gathers = [KVGather(self.cache, [c.blocks], c.start + n, PREFILL_TILE) for _, n, c in prompt_chunks]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
