@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tritonllm_loadtest import batch_sizes
-from tritonllm_loadtest.simulator import read_config
+from tritonllm.server.repository import read_config
 from tritonllm_loadtest.workload import Workload
 
 from tritonllm.server.repository import configured_repository

@@ -1,4 +1,4 @@
-"""The simulator (loadtest/simulator.py): the step-cost fit, and the three schemes driven by the real
+"""The simulator (src/tritonllm/capacity/): the step-cost fit, and the three schemes driven by the real
 schedulers on a profile measured from the tiny model, checked for the invariants a simulation must keep."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tritonllm_loadtest.samples import Sample, SampleWriter
-from tritonllm_loadtest.simulate import RequestSource, run_scheme, validate
-from tritonllm_loadtest.simulator import (BatchedReplica, BatcherConfig, InflightReplica, SimRequest,
+from tritonllm.capacity.replay import RequestSource, run_scheme
+from tritonllm.capacity.simulator import (BatchedReplica, BatcherConfig, InflightReplica, SimRequest,
                                           batcher_config, engine_config, simulate)
-from tritonllm_loadtest.step_cost import StepCost
+from tritonllm.capacity.step_cost import StepCost
+from tritonllm.capacity.validation import validate
+from tritonllm_loadtest.samples import Sample, SampleWriter
 from tritonllm_loadtest.summary import RunInfo
 from tritonllm_loadtest.workload import Workload
 

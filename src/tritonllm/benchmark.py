@@ -18,7 +18,7 @@ N chat prompts, greedy, through the engine at full batch and one by one through 
 
 `--profile-steps FILE` instead times the runner's forward over a grid of step shapes (rows,
 decode context, a prefill chunk) and writes them as JSON: the step-cost profile that
-`tritonllm-simulate` fits and interpolates (loadtest/step_cost.py).
+`tritonllm-simulate` fits and interpolates (tritonllm/capacity/step_cost.py).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def profile_steps(runner, slots: int, contexts=(32, 128, 384), prefills=(0, 32, 
                   repeats: int = 5) -> list[dict]:
     """Median forward time of each step shape: `rows` rows, of which one is a prefill chunk of `p` prompt
     tokens (when p > 0) and the rest decode one token at context `ctx`."""
-    rows_options = sorted({r for r in (1, 2, 4, slots) if r <= slots})
+    rows_options = sorted({r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256) if r <= slots} | {slots})
     out = []
     for rows in rows_options:
         for ctx in contexts:

@@ -44,7 +44,7 @@ def inflight_repository(slots: int, dest: Path) -> Path:
 
 
 def engine_settings(repository: Path) -> dict:
-    from tritonllm_loadtest.simulator import read_config
+    from tritonllm.server.repository import read_config
 
     params = read_config("llm_inflight", repository)[1]
     return {k: int(params[k]) for k in ("max_num_seqs", "max_model_len", "max_num_batched_tokens")}

@@ -1,4 +1,5 @@
-"""Copies of the shipped model repository with some models' settings changed (benchmarks)."""
+"""A model repository's settings: read from its config.pbtxt files, and copies of the shipped one with some
+models' settings changed (benchmarks)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,10 @@ def configured_repository(dest: Path, models: dict[str, dict[str, str]]) -> Path
                 text += f'parameters {{ key: "{key}", value: {{ string_value: "{value}" }} }}\n'
         config.write_text(text)
     return dest
+
+
+def read_config(model: str, repository: Path = DEFAULT_MODEL_REPOSITORY) -> tuple[str, dict]:
+    """(text of config.pbtxt, its string parameters)."""
+    text = (repository / model / "config.pbtxt").read_text()
+    params = dict(re.findall(r'key:\s*"(\w+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
+    return text, params

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from tritonllm.capacity.step_cost import StepCost
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
 from tritonllm.engine.sequence import Sequence
-from tritonllm_loadtest.step_cost import StepCost
-
-REPOSITORY = Path(__file__).resolve().parent.parent / "model_repository"
+from tritonllm.server.repository import DEFAULT_MODEL_REPOSITORY as REPOSITORY
+from tritonllm.server.repository import read_config
 
 
 @dataclass
@@ -67,13 +67,6 @@ class BatcherConfig:
     @property
     def target(self) -> int:
         return self.preferred_batch_size or self.max_batch_size
-
-
-def read_config(model: str, repository: Path = REPOSITORY) -> tuple[str, dict]:
-    """(text of config.pbtxt, its string parameters)."""
-    text = (repository / model / "config.pbtxt").read_text()
-    params = dict(re.findall(r'key:\s*"(\w+)",\s*value:\s*\{\s*string_value:\s*"([^"]*)"', text))
-    return text, params
 
 
 def batcher_config(model: str, repository: Path = REPOSITORY) -> BatcherConfig:
