@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -131,3 +136,27 @@ def test_bundled_model_answers_in_bfloat16(monkeypatch, quantization):
     right = sum(city in answer for city, answer in zip(capitals.values(), answers))
     # All four here; bf16 kernels of another CPU may flip one near-tied token, not the model's knowledge.
     assert right >= 3, answers
+
+
+HUGE_PAGES_PROBE = """
+import os, torch
+from tritonllm.models import load_model
+load_model("tiny", "cpu", torch.float32)
+keep = torch.ones(4 << 20, dtype=torch.uint8)  # one tensor past the 2 MB threshold, after the load
+print(os.environ.get("THP_MEM_ALLOC_ENABLE"), [int(l.split()[1]) for l in open("/proc/self/smaps_rollup")
+                                              if l.startswith("AnonHugePages")][0])
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="Linux only: reads /proc")
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_loading_a_model_asks_for_huge_pages_unless_the_user_said_no(setting):
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    out = subprocess.run([sys.executable, "-c", HUGE_PAGES_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[0] == (setting or "1")
+    available = thp.exists() and "[never]" not in thp.read_text()
+    assert (int(out[1]) > 0) == (available and setting is None), out

@@ -174,11 +174,24 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def use_huge_pages() -> None:
+    """Ask PyTorch's CPU allocator for transparent huge pages (2 MB) for every tensor of 2 MB or more:
+    the weights a decode step streams and the KV pool. With 4 KB pages a step walks ~70,000 of
+    them; decode steps measured 0-40 % faster with huge pages on this VM (THP in `madvise` mode,
+    docs/benchmarks.md). PyTorch reads the variable at its first large allocation, so this runs
+    before the model loads; a value the user set is kept (0 turns it off)."""
+    os.environ.setdefault(HUGE_PAGES_ENV, "1")
+
+
 def load_model(spec: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None):
     """Load (model, tokenizer) in eval mode from any spec accepted by `resolve_model_path`,
     in the dtype `resolve_dtype` picks (auto: bfloat16 where the hardware runs it fast)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    use_huge_pages()
     path = resolve_model_path(spec)
     device = resolve_device(device)
     tokenizer = AutoTokenizer.from_pretrained(path)

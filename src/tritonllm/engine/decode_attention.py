@@ -34,6 +34,8 @@ in one index, the results back in the rows' order in one, the masks made additiv
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -57,6 +59,7 @@ def aligned(keys: int, query_heads_per_kv_head: int, head_dim: int) -> int:
     return keys
 
 
+@functools.lru_cache(maxsize=4096)
 def min_keys(length: int, query_heads_per_kv_head: int, head_dim: int) -> int | None:
     """The fewest keys of a call a row of `length` keys may share (see the module's notes); None if
     the row must go alone."""
@@ -69,21 +72,25 @@ def min_keys(length: int, query_heads_per_kv_head: int, head_dim: int) -> int | 
 
 def group_rows(needs: list[int]) -> list[tuple[int, list[int]]]:
     """Rows (by index) into calls: [(keys of the call, its rows)], each call as long as its longest
-    need, at the least cost of CALL_COST per call plus rows x keys (one pass over the needs sorted)."""
-    order = sorted(range(len(needs)), key=needs.__getitem__)
-    best = [0.0] + [float("inf")] * len(order)  # best[j]: the first j rows of `order` in calls
-    cut = [0] * (len(order) + 1)
-    for j in range(1, len(order) + 1):
-        keys = needs[order[j - 1]]
+    need, at the least cost of CALL_COST per call plus rows x keys. Rows of one need stay together,
+    and calls take needs in order (one pass over the distinct needs)."""
+    by_need: dict[int, list[int]] = {}
+    for i, need in enumerate(needs):
+        by_need.setdefault(need, []).append(i)
+    distinct = sorted(by_need)
+    rows_upto = [0]  # rows_upto[j]: rows needing one of the first j distinct needs
+    for need in distinct:
+        rows_upto.append(rows_upto[-1] + len(by_need[need]))
+    best = [0.0] + [float("inf")] * len(distinct)  # best[j]: the first j needs in calls
+    cut = [0] * (len(distinct) + 1)
+    for j in range(1, len(distinct) + 1):
         for i in range(j):
-            if i and needs[order[i - 1]] == needs[order[i]]:
-                continue  # rows of one need stay together
-            cost = best[i] + CALL_COST + (j - i) * keys
+            cost = best[i] + CALL_COST + (rows_upto[j] - rows_upto[i]) * distinct[j - 1]
             if cost < best[j]:
                 best[j], cut[j] = cost, i
-    calls, j = [], len(order)
+    calls, j = [], len(distinct)
     while j:
-        calls.append((needs[order[j - 1]], order[cut[j]:j]))
+        calls.append((distinct[j - 1], [r for need in distinct[cut[j]:j] for r in by_need[need]]))
         j = cut[j]
     return calls[::-1]
 
