@@ -15,9 +15,9 @@ from tritonllm.capacity.replay import RequestSource, run_scheme
 from tritonllm.capacity.simulator import (BatchedReplica, BatcherConfig, InflightReplica, SimRequest,
                                           batcher_config, engine_config, simulate)
 from tritonllm.capacity.step_cost import StepCost
-from tritonllm.capacity.validation import validate
+from tritonllm.capacity.validation import Calibration, calibrate, validate
 from tritonllm_loadtest.samples import Sample, SampleWriter
-from tritonllm_loadtest.summary import RunInfo
+from tritonllm_loadtest.summary import RunInfo, summarize_run_dir
 from tritonllm_loadtest.workload import Workload
 
 
@@ -195,3 +195,32 @@ def test_validation_calibrates_on_the_closed_loop_and_predicts_each_point(tmp_pa
     for metric in ("tokens_per_s", "ttft_p50", "e2e_p90"):
         m = point[metric]
         assert m["predicted"] > 0 and m["error"] == pytest.approx((m["predicted"] - m["measured"]) / m["measured"])
+
+
+def test_calibration_recovers_a_served_machines_step_factor_row_time_and_request_overhead(tmp_path, source):
+    """A closed-loop run "measured" on a served machine that is the profile's machine at 1.3x every step
+    plus 1 ms a row and 20 ms per request outside the engine: calibration on that run alone finds the
+    step's factor and row time; of the 20 ms a closed loop shows only what its users' waits for a step do
+    not hide."""
+    machine = StepCost.from_measurements([{"rows": r, "decode_context": c, "prefill": p,
+                                           "seconds": 0.017 + 0.001 * r + 0.0005 * p}
+                                          for r in (1, 8) for c in (32, 384) for p in (0, 256)])
+    served = Calibration(1.3, 0.001, 0.020)
+    first = [source.make(i, 0.0) for i in range(8)]
+    reqs, _ = run_scheme("inflight", first, served.cost(machine), users=8, source=source, total=64,
+                         overhead_s=served.overhead_s, record_tokens=True)
+    run_dir = tmp_path / "runs" / "inflight-c8"
+    run_dir.mkdir(parents=True)
+    info = RunInfo("inflight-c8", "inflight", "llm_inflight", protocol="grpc-stream", concurrency=8, max_requests=64)
+    info.save(run_dir)
+    writer = SampleWriter(run_dir / "samples.jsonl")
+    for r in reqs:
+        gaps = [b - a for a, b in zip(r.token_times, r.token_times[1:])]
+        writer.write(Sample("llm_inflight", "U", "grpc-stream", r.index, start=100.0 + r.arrival, ttft=r.ttft,
+                            itl=gaps, e2e=r.e2e, output_tokens=r.max_tokens, expected_tokens=r.max_tokens))
+    writer.close()
+    info, samples, _, summary = summarize_run_dir(run_dir)
+    cal = calibrate("inflight", summary, info, samples, machine, source)
+    assert cal.scale == pytest.approx(1.3, rel=0.1)
+    assert cal.per_row_s == pytest.approx(0.001, abs=0.0003)
+    assert 0.0 <= cal.overhead_s <= 0.020

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tritonllm.capacity.planning import plan, plan_markdown
 from tritonllm.capacity.replay import SCHEMES, RequestSource
+from tritonllm.capacity.simulator import REPOSITORY
 from tritonllm.capacity.step_cost import StepCost
 from tritonllm.capacity.validation import Calibration, validate, validation_markdown
 from tritonllm_loadtest.report import ReportSettings, SweepResult, find_runs
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", required=True, type=Path, help="step-cost profile (tritonllm-bench-engine --profile-steps)")
     p.add_argument("--model", default="", help="the tokenizer for prompt lengths (default: the profile's model)")
     p.add_argument("--validate", type=Path, help="a tritonllm-compare results directory to predict, point by point")
+    p.add_argument("--repository", type=Path, default=REPOSITORY,
+                   help="the model repository the simulated models follow (default: the shipped one)")
     p.add_argument("--calibration", type=Path, help="simulation.json of a validation: its per-scheme factors")
     p.add_argument("--scale", type=float, default=1.0, help="factor on every step cost (without --calibration)")
     p.add_argument("--rate", type=float, default=0.0, help="planning: the request rate to carry (req/s)")
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"step costs interpolated from {len(profile['measurements'])} measured shapes ({cost.source})")
     calibrations = {s: Calibration(args.scale) for s in schemes}
     if args.validate:
-        v = validate(args.validate, cost, source, args.seed)
+        v = validate(args.validate, cost, source, args.seed, args.repository)
         result["validation"] = v
         calibrations = {s: Calibration.of(v["schemes"][s]) for s in schemes if s in v["schemes"]}
         md += ["## Validation: predicted / measured", "", *validation_markdown(v), ""]
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rate:
         slo = _planning_slo(args)
         r = plan(cost, calibrations, source, slo, args.rate, args.max_replicas,
-                 args.price_per_hour, args.plan_seconds, args.seed, args.routing)
+                 args.price_per_hour, args.plan_seconds, args.seed, args.routing, args.repository)
         result["plan"] = r
         md += ["## Planning", "", *plan_markdown(r), ""]
     (out / "simulation.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tritonllm.capacity.replay import Predicted, RequestSource, run_scheme
-from tritonllm.capacity.simulator import SimRequest
+from tritonllm.capacity.simulator import REPOSITORY, SimRequest
 from tritonllm.capacity.step_cost import StepCost
 from tritonllm.capacity.validation import Calibration
 
@@ -27,11 +28,13 @@ def meets(reqs: list[SimRequest], normalized_s: float, e2e_p90_s: float) -> bool
 
 
 def capacity_for(scheme: str, replicas: int, cost: StepCost, source: RequestSource, slo: tuple[float, float],
-                 seconds: float, seed: int, routing: str, hint: float, overhead_s: float = 0.0) -> tuple[float, float | None]:
+                 seconds: float, seed: int, routing: str, hint: float, overhead_s: float = 0.0,
+                 repository: Path = REPOSITORY) -> tuple[float, float | None]:
     """Bisection on the offered rate: the highest that meets the SLO over `seconds` of arrivals."""
     def ok(rate: float) -> tuple[bool, float | None]:
         n = max(20, round(rate * seconds))
-        reqs, _ = run_scheme(scheme, source.open_loop(rate, n, seed), cost, replicas, routing, overhead_s=overhead_s)
+        reqs, _ = run_scheme(scheme, source.open_loop(rate, n, seed), cost, replicas, routing, overhead_s=overhead_s,
+                             repository=repository)
         return meets(reqs, *slo), Predicted.of(reqs).tokens_per_s
 
     # A ladder of rates up from well below the hint: static batching can miss the SLO at low rates (its
@@ -59,7 +62,8 @@ def capacity_for(scheme: str, replicas: int, cost: StepCost, source: RequestSour
 
 
 def plan(cost: StepCost, calibrations: dict[str, Calibration], source: RequestSource, slo: tuple[float, float], rate: float,
-         max_replicas: int, price_per_hour: float | None, seconds: float, seed: int, routing: str) -> dict:
+         max_replicas: int, price_per_hour: float | None, seconds: float, seed: int, routing: str,
+         repository: Path = REPOSITORY) -> dict:
     counts = [1]
     while counts[-1] < max_replicas:
         counts.append(min(counts[-1] * 2, max_replicas))
@@ -67,8 +71,8 @@ def plan(cost: StepCost, calibrations: dict[str, Calibration], source: RequestSo
     for scheme, cal in calibrations.items():
         points, hint = [], 1.0
         for r in counts:
-            cap, tps = capacity_for(scheme, r, cost.scaled(cal.scale), source, slo, seconds, seed, routing, hint,
-                                    cal.overhead_s)
+            cap, tps = capacity_for(scheme, r, cal.cost(cost), source, slo, seconds, seed, routing, hint,
+                                    cal.overhead_s, repository)
             hint = max(cap, 0.05) * 2
             money = (price_per_hour * r / 3600 / tps * 1e6) if price_per_hour is not None and tps else None
             points.append(PlanPoint(scheme, r, cap, tps, money))

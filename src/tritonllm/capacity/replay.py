@@ -4,10 +4,11 @@ open or closed loop, and what the load test would have measured of the result.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from tritonllm.capacity.simulator import SimRequest, closed_loop, make_replicas, simulate
+from tritonllm.capacity.simulator import REPOSITORY, SimRequest, closed_loop, make_replicas, simulate
 from tritonllm.capacity.step_cost import StepCost
 from tritonllm_loadtest.arrivals import ArrivalSchedule
 from tritonllm_loadtest.summary import percentile
@@ -63,13 +64,16 @@ class Predicted:
 
 def run_scheme(scheme: str, reqs: list[SimRequest], cost: StepCost, replicas: int = 1, routing: str = "least-loaded",
                users: int = 0, source: RequestSource | None = None, total: int = 0,
-               overhead_s: float = 0.0) -> tuple[list[SimRequest], list]:
+               overhead_s: float = 0.0, record_tokens: bool = False, repository: Path = REPOSITORY
+               ) -> tuple[list[SimRequest], list]:
     """Simulate requests (open loop), or `users` closed-loop users over `total` requests from `source`;
-    `overhead_s` is added to what each client sees (first token and end)."""
-    reps = make_replicas(scheme, replicas, cost)
+    `overhead_s` is what each request spends outside the engine (client, gRPC, Triton, the stub): added
+    to what its client sees (first token and end), and to a closed-loop user's wait for its next request.
+    `repository`: the model repository whose config.pbtxt files the replicas follow."""
+    reps = make_replicas(scheme, replicas, cost, repository, record_tokens)
     on_done = None
     if users:
-        on_done = closed_loop(reqs, lambda i, now: source.make(i, now) if i < total else None)
+        on_done = closed_loop(reqs, lambda i, now: source.make(i, now) if i < total else None, overhead_s)
     done = simulate(reqs, reps, routing, on_done)
     for r in done:
         if r.end is not None and not r.rejected:

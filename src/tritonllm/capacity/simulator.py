@@ -43,6 +43,7 @@ class SimRequest:
     end: float | None = None
     rejected: bool = False  # refused by a full queue
     replica: int = -1
+    token_times: list[float] | None = None  # every token's time, when the replica records them (calibration)
 
     @property
     def ttft(self) -> float | None:
@@ -114,9 +115,9 @@ def apply_step(scheduler: Scheduler, chunks, on_token) -> None:
 class InflightReplica:
     """One llm_inflight: the real scheduler, stepping back to back while it has work."""
 
-    def __init__(self, config: SchedulerConfig, cost: StepCost, max_queue_size: int = 0):
+    def __init__(self, config: SchedulerConfig, cost: StepCost, max_queue_size: int = 0, record_tokens: bool = False):
         self.scheduler = Scheduler(config)
-        self.cost, self.max_queue_size = cost, max_queue_size
+        self.cost, self.max_queue_size, self.record_tokens = cost, max_queue_size, record_tokens
         self.requests: dict[Sequence, SimRequest] = {}
         self.step_end = math.inf
         self.chunks = []
@@ -148,6 +149,9 @@ class InflightReplica:
             req = self.requests[seq]
             if req.first_token is None:
                 req.first_token = now
+            if self.record_tokens:
+                req.token_times = req.token_times or []
+                req.token_times.append(now)
             if done:
                 req.end = now
                 done_now.append(self.requests.pop(seq))
@@ -239,10 +243,11 @@ class BatchedReplica:
             apply_step(scheduler, chunks, lambda seq, done: None)
 
 
-def make_replicas(scheme: str, replicas: int, cost: StepCost, repository: Path = REPOSITORY) -> list:
+def make_replicas(scheme: str, replicas: int, cost: StepCost, repository: Path = REPOSITORY,
+                  record_tokens: bool = False) -> list:
     if scheme == "inflight":
         config, queue = engine_config("llm_inflight", repository)
-        return [InflightReplica(config, cost, queue) for _ in range(replicas)]
+        return [InflightReplica(config, cost, queue, record_tokens) for _ in range(replicas)]
     batcher = batcher_config(f"llm_{scheme}", repository)
     return [BatchedReplica(batcher, cost) for _ in range(replicas)]
 
@@ -291,11 +296,12 @@ def simulate(requests: list[SimRequest], replicas: list, routing: str = "least-l
                 heapq.heappush(events, (t, next(seq), k))
 
 
-def closed_loop(first: list[SimRequest], make: Callable[[int, float], SimRequest | None]):
-    """`on_done` for `users` closed-loop users: each answered request is followed at once by the next
-    index (`make(index, now)`, None once the run has all its requests)."""
+def closed_loop(first: list[SimRequest], make: Callable[[int, float], SimRequest | None], gap_s: float = 0.0):
+    """`on_done` for `users` closed-loop users: each answered request is followed, `gap_s` later (the
+    client's answer and next request on their way), by the next index (`make(index, time)`, None once
+    the run has all its requests)."""
     counter = itertools.count(len(first))
 
     def on_done(req: SimRequest) -> SimRequest | None:
-        return make(next(counter), req.end)
+        return make(next(counter), req.end + gap_s)
     return on_done

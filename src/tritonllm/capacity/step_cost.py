@@ -8,8 +8,9 @@ interpolating the grid linearly along each axis (prefill tokens, then decode con
 extrapolating linearly past its edges. No formula is assumed: on a CPU a decode row costs little
 next to the weights every step reads, while prompt tokens are compute-bound, and the grid shows both.
 
-A `scale` multiplies every cost: the served system adds Triton, the Python stub, streaming and
-the load generator on the same machine (`tritonllm-simulate` calibrates it per scheme).
+A `scale` multiplies every cost and `per_row_s` is added for every row of a step: the served system
+adds Triton, the Python stub, a response per row and step, and the load generator on the same
+machine (`tritonllm-simulate` calibrates both per scheme).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class StepCost:
     table: "Grid" = field(compare=False)
     scale: float = 1.0
     source: str = ""
+    per_row_s: float = 0.0
 
     @classmethod
     def from_measurements(cls, measurements: list[dict], source: str = "") -> "StepCost":
@@ -67,14 +69,14 @@ class StepCost:
         return cls.from_measurements(data["measurements"], source=f"{path} ({data.get('model', '?')}, "
                                                                   f"{data.get('device', '?')}, {data.get('dtype', '?')})")
 
-    def scaled(self, scale: float) -> "StepCost":
-        return StepCost(self.table, scale, self.source)
+    def scaled(self, scale: float, per_row_s: float = 0.0) -> "StepCost":
+        return StepCost(self.table, scale, self.source, per_row_s)
 
     def seconds(self, chunks) -> float:
         return self.seconds_for(*step_shape(chunks))
 
     def seconds_for(self, rows: int, prefill: int, decode_context: int) -> float:
-        return self.scale * self.table.seconds(rows, prefill, decode_context)
+        return self.scale * self.table.seconds(rows, prefill, decode_context) + self.per_row_s * rows
 
 
 class Grid:
