@@ -36,6 +36,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -512,6 +513,10 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
         return code
     t_start = time.monotonic()
     log(f"results -> {out}")
+    earlier = out / "runs"
+    if earlier.is_dir() and any(earlier.iterdir()):  # its samples would be counted (appended) in this report
+        log(f"{earlier} holds the runs of an earlier comparison: replacing them (a report covers one comparison)")
+        shutil.rmtree(earlier)
     log(f"workload: {workload.describe()}")
     with Target(args, out) as target:
         check_models(target, [SCHEMES[s] for s in args.schemes if s in SCHEMES])

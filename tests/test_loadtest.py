@@ -472,6 +472,23 @@ def test_compare_fails_above_error_threshold(triton_server, tmp_path):
     assert "exceeds max_model_len" in text  # the server's reason is in the report
 
 
+
+def test_a_second_comparison_into_the_same_out_replaces_the_first(triton_server, tmp_path):
+    """Samples are appended as they come: a second run into the same --out must not count the first's."""
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never",
+           "--url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
+           "--metrics-url", triton_server.metrics_url, "--schemes", "inflight", "--quick", "--concurrency", "2",
+           "--run-time", "60", "--output-tokens", "fixed:3", "--warmup", "0", "--out", str(out)]
+    for requests in (6, 4):
+        proc = subprocess.run(cmd + ["--max-requests", str(requests)], capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((out / "summary.json").read_text())["runs"]
+    assert [(r["name"], r["planned"], r["finished"]) for r in run] == [("inflight-c2", 4, 4)]
+    assert len(load_samples(out / "runs" / "inflight-c2")) == 4
+    assert "holds the runs of an earlier comparison: replacing them" in proc.stdout
+
+
 # ---------------------------------------------------------------- OpenAI-compatible servers
 
 class _FakeCompletions:
