@@ -70,20 +70,3 @@ def test_prefix_caching_off_registers_and_finds_nothing():
     table = bm.allocate(3, [])
     bm.register(table, [], [1, 2, 3], num_computed=3)
     assert bm.cached_prefix([1, 2, 3]) == [] and not bm.cached
-
-
-def test_the_pool_has_a_lane_per_row_where_it_has_room():
-    from tritonllm.engine.scheduler import SchedulerConfig
-
-    # the served default's pool (256 blocks of 64) at 32 rows: lanes of 8 blocks, not of max_model_len (32),
-    # so every row's sequence can sit at home and be read in place
-    config = SchedulerConfig(max_num_seqs=32, max_model_len=2048, num_kv_blocks=256)
-    assert config.lane_blocks == 8
-    bm = BlockManager(config.pool_blocks, config.block_size, lane_blocks=config.lane_blocks)
-    tables = [bm.allocate(100, []) for _ in range(32)]
-    assert sorted(t[0] for t in tables) == [1 + 8 * lane for lane in range(32)]  # each at its lane's start
-    assert all(t == [t[0], t[0] + 1] for t in tables)  # in one run
-    assert bm.grow(tables[0], 8 * 64 + 1) and tables[0][:8] == list(range(1, 9))  # outgrows its lane: elsewhere
-    assert SchedulerConfig(max_num_seqs=8, max_model_len=2048, num_kv_blocks=256).lane_blocks == 32  # capped
-    assert SchedulerConfig(max_num_seqs=64, num_kv_blocks=16).lane_blocks == 1
-    assert SchedulerConfig(max_num_seqs=4, max_model_len=256).lane_blocks == 4  # default pool: max_model_len's

@@ -15,13 +15,11 @@ Only prompt blocks are registered: they are computed by the prefill path (prefil
 the same way whatever chunks their prompt came in, so a hit holds the very bits a cold prefill
 would compute (tested). Generated tokens are computed by the decode path, with other bits.
 
-Lanes: the pool's blocks are also cut into lanes of `lane_blocks` consecutive blocks (as many
-lanes as rows where the pool has room, each at most max_model_len: SchedulerConfig.lane_blocks).
-A sequence admitted without a prefix hit takes the first blocks of a lane
+Lanes: the pool's blocks are also cut into lanes of `lane_blocks` consecutive blocks (a
+max_model_len each). A sequence admitted without a prefix hit takes the first blocks of a lane
 none of whose blocks is held, and grows into the lane's next block while it is free: such a
 sequence sits "at home", its keys in one run at a fixed stride from the other lanes', so decode
-attention reads it in place, as fixed slots would (kv_cache.py); any other table, and one that
-outgrew its lane, is gathered.
+attention reads it in place, as fixed slots would (kv_cache.py); any other table is gathered.
 Lanes only choose which free block is handed out: memory is still taken block by block.
 """
 

@@ -88,10 +88,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class ModelRunner:
     def __init__(self, model, num_slots: int, max_model_len: int, quantization: str | None = None,
-                 num_blocks: int = 0, block_size: int = 64, lane_blocks: int = 0):
+                 num_blocks: int = 0, block_size: int = 64):
         """num_slots: rows of a decode step at most (max_num_seqs); num_blocks: KV blocks of the pool
-        with the null block (0: room for num_slots sequences of max_model_len, see `slot_blocks`);
-        lane_blocks: blocks of a lane of the pool, as the block manager cuts it (0: max_model_len's)."""
+        with the null block (0: room for num_slots sequences of max_model_len, see `slot_blocks`)."""
         check_supported(model.config)
         self.model = model
         self.config = model.config
@@ -120,7 +119,7 @@ class ModelRunner:
         self.blocks_per_slot = -(-max_model_len // block_size)
         self.cache = PagedKVCache(len(self.layers), num_blocks or num_slots * self.blocks_per_slot + 1, block_size,
                                   self.num_kv_heads, self.head_dim, self.dtype, self.device,
-                                  lane_blocks=lane_blocks or self.blocks_per_slot)
+                                  lane_blocks=self.blocks_per_slot)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
 

@@ -82,16 +82,6 @@ class SchedulerConfig:
         per_seq = -(-self.max_model_len // self.block_size)
         return (self.num_kv_blocks or self.max_num_seqs * per_seq) + 1
 
-    @property
-    def lane_blocks(self) -> int:
-        """Blocks of one lane of the pool (block_manager.py): as many lanes as rows where the pool has
-        room, each at most max_model_len. A sequence at home in a lane is read in place by decode
-        attention; with lanes of max_model_len, a pool of 256 blocks held only 8 of 32 rows at home and
-        the others' keys were gathered every layer (in-process, 32 users on the long mix: 4-10 % more
-        tokens/s with lanes of 640 tokens than of 2,048, docs/benchmarks.md)."""
-        per_seq = -(-self.max_model_len // self.block_size)
-        return max(1, min(per_seq, (self.pool_blocks - 1) // self.max_num_seqs))
-
 
 @dataclass(frozen=True)
 class ScheduledChunk:
@@ -112,7 +102,7 @@ class Scheduler:
         fits_a_tile = config.max_num_batched_tokens - config.max_num_seqs >= chunk_align
         self.chunk_align = chunk_align if fits_a_tile else 1
         self.blocks = BlockManager(config.pool_blocks, config.block_size, config.enable_prefix_caching,
-                                   lane_blocks=config.lane_blocks)
+                                   lane_blocks=-(-config.max_model_len // config.block_size))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.padded: list[Sequence] = []  # request policy: finished rows still in the batch
