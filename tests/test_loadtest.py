@@ -472,7 +472,6 @@ def test_compare_fails_above_error_threshold(triton_server, tmp_path):
     assert "exceeds max_model_len" in text  # the server's reason is in the report
 
 
-
 def test_a_second_comparison_into_the_same_out_replaces_the_first(triton_server, tmp_path):
     """Samples are appended as they come: a second run into the same --out must not count the first's."""
     out = tmp_path / "results"
