@@ -263,7 +263,7 @@ class TritonLLMUser:
         sample = Sample(model=self.target, user=type(self).__name__, protocol=self.protocol, index=index,
                         worker=max(runner.worker_index, 0), expected_tokens=spec.max_tokens,
                         prompt_id=spec.prompt_id, prompt_words=spec.prompt_words, users=runner.user_count)
-        return spec, Measurement(sample, late=late)
+        return spec, Measurement(sample, late=late, streams=self.streams)
 
     def _arrival_clock(self, patience: float = 30.0) -> float:
         """When arrival offset 0 is: once every user of this process has spawned (or after `patience`

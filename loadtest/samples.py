@@ -62,9 +62,12 @@ class Sample:
 class Measurement:
     """Times one request: call `tokens(n)` when a piece with n tokens arrives, then `finish()`."""
 
-    def __init__(self, sample: Sample, clock=time.perf_counter, wall=time.time, late: float = 0.0):
-        """`late`: seconds since the request was due (open loop): its times count from then."""
+    def __init__(self, sample: Sample, clock=time.perf_counter, wall=time.time, late: float = 0.0,
+                 streams: bool = True):
+        """`late`: seconds since the request was due (open loop): its times count from then.
+        `streams=False`: the answer comes whole, so its first token arrives at the end (TTFT = e2e)."""
         self.sample = sample
+        self.streams = streams
         self._clock = clock
         sample.late = late
         sample.start = wall() - late
@@ -85,6 +88,8 @@ class Measurement:
     def finish(self, error: str | None = None, now: float | None = None) -> Sample:
         now = self._clock() if now is None else now
         self.sample.e2e = now - self.t0
+        if not self.streams and self.sample.ttft is not None:
+            self.sample.ttft = self.sample.e2e
         if error is None and self.sample.expected_tokens and self.sample.output_tokens != self.sample.expected_tokens:
             error = (f"expected {self.sample.expected_tokens} output tokens (max_tokens with ignore_eos), "
                      f"got {self.sample.output_tokens}")
