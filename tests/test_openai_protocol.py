@@ -129,14 +129,31 @@ def test_upstream_failures_get_openai_statuses(message, status, expected):
     assert (error.code == "queue_full") == ("queue" in message.lower())
 
 
-def test_stream_chunks_send_the_role_with_the_first_text():
+def _chunk(raw: bytes) -> dict:
+    return json.loads(raw[len(b"data: "):])
+
+
+def test_stream_chunks_send_the_role_with_the_first_token():
     writer = ChunkWriter(chat=True, request_id="id", created=1, model="m", continuous_usage=False)
     choice = Choice(index=0, prompt="p", sampling={})
-    assert writer.piece(choice, "", None, None) is None  # nothing to say yet: no role-only chunk
-    first = json.loads(writer.piece(choice, "Hi", None, None)[len(b"data: "):])
+    assert writer.piece(choice, "", None, None, tokens=0) is None  # no token yet: no role-only chunk
+    first = _chunk(writer.piece(choice, "Hi", None, None, tokens=1))
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hi"}
-    last = json.loads(writer.piece(choice, "", "length", None)[len(b"data: "):])
+    last = _chunk(writer.piece(choice, "", "length", None))
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_token_without_text_still_gets_its_chunk(chat):
+    """A step whose token has no text of its own (a special token) is a chunk with empty text, as
+    vLLM sends it: the client's first token is timed at the step that made it, not at the next text."""
+    writer = ChunkWriter(chat=chat, request_id="id", created=1, model="m", continuous_usage=False)
+    choice = Choice(index=0, prompt="p", sampling={})
+    first = _chunk(writer.piece(choice, "", None, None, tokens=1))["choices"][0]
+    assert (first["delta"] == {"role": "assistant", "content": ""}) if chat else (first["text"] == "")
+    later = _chunk(writer.piece(choice, "", None, None, tokens=1))["choices"][0]
+    assert (later["delta"] == {"content": ""}) if chat else (later["text"] == "")
+    assert later["finish_reason"] is None
 
 
 def test_usage_counts_each_prompt_once_and_every_choice():

@@ -217,7 +217,8 @@ class Front:
                 while item is not None:
                     choice, piece = item
                     so_far = usage(generation.choices, req.n) if writer.continuous_usage else None
-                    chunk = writer.piece(choice, piece.text, choice.finish_reason if piece.final else None, so_far)
+                    chunk = writer.piece(choice, piece.text, choice.finish_reason if piece.final else None, so_far,
+                                         piece.num_output_tokens)
                     if chunk is not None:
                         yield chunk
                     item = await _first(pieces)

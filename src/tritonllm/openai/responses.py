@@ -1,8 +1,10 @@
 """OpenAI's response bodies and stream chunks, and their SSE framing (`data: {json}\n\n`, `data: [DONE]`).
 
-Streams follow OpenAI and vLLM: one chunk per model response that brings text, `finish_reason`
-on the choice's last chunk, the chat role together with the first text (not before it, so that a
-client's time to first token is the model's), then, when `stream_options.include_usage` asks,
+Streams follow OpenAI and vLLM: one chunk per model response that brings tokens, even when their
+text is empty (a special token, a character's first bytes: vLLM sends these too, and clients time
+the first token by them; leaving them out made the first chunk wait a step for text),
+`finish_reason` on the choice's last chunk, the chat role together with the first token (not
+before it, so that a client's time to first token is the model's), then, when `stream_options.include_usage` asks,
 one chunk with `choices: []` and the request's `usage` (the same counts a non-streaming call
 reports); with `continuous_usage_stats`, every chunk also carries the counts so far.
 """
@@ -46,17 +48,19 @@ class ChunkWriter:
         self.continuous_usage = continuous_usage
         self.started: set[int] = set()  # choices whose first chunk went out
 
-    def piece(self, choice: Choice, text: str, finish_reason: str | None, usage: Usage | None) -> bytes | None:
-        """The chunk for new text of a choice (None when there is nothing to say)."""
+    def piece(self, choice: Choice, text: str, finish_reason: str | None, usage: Usage | None,
+              tokens: int = 0) -> bytes | None:
+        """The chunk for a model response of a choice with `tokens` new tokens and their `text`
+        (None when it brings neither, nor the end)."""
         first = choice.index not in self.started
         if first:
             text = choice.echo + text
-        if not text and finish_reason is None:
+        if not text and not tokens and finish_reason is None:
             return None
         self.started.add(choice.index)
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-            if not first and not text:
+            if not first and not text and finish_reason is not None:
                 delta = {}
             entry = {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
