@@ -1,0 +1,128 @@
+"""`tritonllm-bench-front`: what the OpenAI-compatible front costs, measured at the same moment.
+
+Half of the users stream from llm_inflight through the front (Locust's OpenAI SSE user), the other
+half at the same time straight from Triton (its HTTP SSE user on `generate_stream`): two
+`tritonllm-compare` runs side by side against one tritonserver and one front, so both halves share
+the engine's steps, the cores and the machine's moment. Runs one after the other were no use on
+these shared cores: the same direct run gave 156 and 216 tok/s five minutes apart.
+
+    tritonllm-bench-front                          # 8 and 32 users in all, 2 rounds
+    tritonllm-bench-front --users 64 --rounds 3
+
+Only requests that start and end while both halves run are counted. Prints each half's output
+tokens/s and median TTFT, and front / direct. A benchmark, not a test: minutes of CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tritonllm.openai.process import OpenAIFront
+from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm_loadtest.samples import Sample, load_samples
+
+HALVES = ("triton", "openai")  # tritonllm-compare --via
+
+
+def log(msg: str) -> None:
+    print(f"[bench-front] {msg}", file=sys.stderr, flush=True)
+
+
+def compare_command(triton: TritonServer, front: OpenAIFront, via: str, users: int, requests: int, out: Path,
+                    args) -> list[str]:
+    return [sys.executable, "-m", "tritonllm_loadtest.compare", "--server", "never", "--url", triton.http_url,
+            "--grpc-url", triton.grpc_url, "--metrics-url", f"http://{triton.host}:{triton.metrics_port}/metrics",
+            "--via", via, "--front-url", front.root, "--protocol", "http",
+            "--schemes", "inflight", "--quick", "--concurrency", str(users), "--max-requests", str(requests),
+            "--output-tokens", args.output_tokens, "--seed", str(args.seed), "--quiet", "--out", str(out)]
+
+
+def overlap(halves: dict[str, list[Sample]]) -> tuple[float, float]:
+    """The window in which both halves were sending: from the later first start to the earlier last end."""
+    return (max(min(s.start for s in v) for v in halves.values()),
+            min(max(s.end for s in v) for v in halves.values()))
+
+
+def side_by_side(halves: dict[str, list[Sample]]) -> dict:
+    """Each half's output tokens/s and TTFT over the requests inside the common window."""
+    lo, hi = overlap(halves)
+    if hi <= lo:
+        raise SystemExit("error: the two halves never ran at the same time")
+    out = {"window_s": hi - lo}
+    for via, samples in halves.items():
+        inside = [s for s in samples if s.ok and s.ttft is not None and s.start >= lo and s.end <= hi]
+        if not inside:
+            raise SystemExit(f"error: no {via} request ran inside the common window; give more --requests-per-user")
+        out[via] = {"requests": len(inside), "tokens_per_s": sum(s.output_tokens for s in inside) / (hi - lo),
+                    "ttft_p50": statistics.median(s.ttft for s in inside)}
+    out["tokens_ratio"] = out["openai"]["tokens_per_s"] / out["triton"]["tokens_per_s"]
+    out["ttft_p50_delta"] = out["openai"]["ttft_p50"] - out["triton"]["ttft_p50"]
+    return out
+
+
+def run_pair(triton: TritonServer, front: OpenAIFront, users: int, out: Path, args) -> dict:
+    half = users // 2
+    procs = {}
+    for via in HALVES:
+        cmd = compare_command(triton, front, via, half, half * args.requests_per_user, out / via, args)
+        procs[via] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.parent / f"{out.name}-{via}.log", "w"))
+    for via, proc in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"error: tritonllm-compare --via {via} failed, see {out.parent / f'{out.name}-{via}.log'}")
+    return side_by_side({via: load_samples((out / via / "runs").glob("*/samples.jsonl")) for via in HALVES})
+
+
+def markdown(results: list[dict], args) -> list[str]:
+    lines = [f"front (OpenAI SSE) and direct (Triton generate_stream SSE) users at the same time against one "
+             f"llm_inflight, half each; output {args.output_tokens}; counted: requests inside the common window",
+             "", "| users in all | round | direct tok/s | front tok/s | front / direct | direct TTFT p50 (ms) | "
+             "front TTFT p50 (ms) | front - direct (ms) |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['users']} | {r['round']} | {r['triton']['tokens_per_s']:.1f} | "
+                     f"{r['openai']['tokens_per_s']:.1f} | **{r['tokens_ratio']:.2f}x** | "
+                     f"{r['triton']['ttft_p50'] * 1000:.1f} | {r['openai']['ttft_p50'] * 1000:.1f} | "
+                     f"**{r['ttft_p50_delta'] * 1000:+.1f}** |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tritonllm-bench-front", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--users", default="8,32", help="users in all per run, half through the front (even numbers)")
+    p.add_argument("--requests-per-user", type=int, default=25)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--output-tokens", default="exp:48:256", help="as tritonllm-compare's (its default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="results directory (default results/front-<timestamp>)")
+    args = p.parse_args(argv)
+    users = [int(u) for u in args.users.split(",")]
+    if any(u < 2 or u % 2 for u in users):
+        p.error("--users: even numbers of at least 2 (half go through the front)")
+    out = (args.out or Path("results") / time.strftime("front-%Y%m%d-%H%M%S")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    http, grpc, metrics, openai = find_free_ports(4)
+    results = []
+    with TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, models=["llm_inflight"],
+                      log_file=out / "tritonserver.log", ready_timeout=600) as triton, \
+            OpenAIFront(triton.grpc_url, port=openai, models=["llm_inflight"], log_file=out / "front.log") as front:
+        for r in range(1, args.rounds + 1):
+            for u in users:
+                result = {"users": u, "round": r, **run_pair(triton, front, u, out / f"u{u}-r{r}", args)}
+                results.append(result)
+                log(f"{u} users, round {r}: front / direct {result['tokens_ratio']:.2f}x tok/s, "
+                    f"TTFT p50 {result['ttft_p50_delta'] * 1000:+.1f} ms")
+    lines = markdown(results, args)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
