@@ -15,7 +15,7 @@ from tritonllm.capacity.replay import RequestSource, run_scheme
 from tritonllm.capacity.simulator import (BatchedReplica, BatcherConfig, InflightReplica, SimRequest,
                                           batcher_config, engine_config, simulate)
 from tritonllm.capacity.step_cost import StepCost
-from tritonllm.capacity.validation import Calibration, calibrate, validate
+from tritonllm.capacity.validation import ENGINE_TTFT, Calibration, calibrate, hop_time, validate
 from tritonllm_loadtest.samples import Sample, SampleWriter
 from tritonllm_loadtest.summary import RunInfo, summarize_run_dir
 from tritonllm_loadtest.workload import Workload
@@ -224,3 +224,25 @@ def test_calibration_recovers_a_served_machines_step_factor_row_time_and_request
     assert cal.scale == pytest.approx(1.3, rel=0.1)
     assert cal.per_row_s == pytest.approx(0.001, abs=0.0003)
     assert 0.0 <= cal.overhead_s <= 0.020
+    # With the engine's own first-token times scraped (each client TTFT less the 20 ms outside), it is all of it.
+    scrapes = _engine_ttft_scrapes("llm_inflight", [r.ttft - served.overhead_s for r in reqs])
+    cal = calibrate("inflight", summary, info, samples, machine, source,
+                    hop_s=hop_time(samples, scrapes, "llm_inflight"))
+    assert cal.overhead_s == pytest.approx(0.020, abs=1e-6) and cal.scale == pytest.approx(1.3, rel=0.1)
+
+
+def _engine_ttft_scrapes(model: str, ttfts: list[float], warmup: int = 8) -> list[dict]:
+    """metrics.jsonl rows before and after a run: the engine's TTFT histogram's sum and count."""
+    total, count = (ENGINE_TTFT.format(part, model) for part in ("sum", "count"))
+    return [{"time": 0.0, "values": {total: 0.5, count: float(warmup)}},
+            {"time": 1.0, "values": {total: 0.5 + sum(ttfts), count: float(warmup + len(ttfts))}}]
+
+
+def test_the_hop_time_is_what_clients_waited_beyond_the_engines_own_first_tokens():
+    samples = [Sample("llm_inflight", "U", "grpc-stream", i, ttft=0.100 + 0.010 * i, e2e=1.0, output_tokens=5,
+                      expected_tokens=5) for i in range(4)]  # client mean 0.115 s
+    scrapes = _engine_ttft_scrapes("llm_inflight", [0.100] * 4)
+    assert hop_time(samples, scrapes, "llm_inflight") == pytest.approx(0.015)
+    assert hop_time(samples, scrapes, "llm_dynamic") is None  # no histogram for that model
+    assert hop_time(samples, scrapes[:1], "llm_inflight") is None  # one scrape: no difference to take
+    assert hop_time(samples, _engine_ttft_scrapes("llm_inflight", [0.1]), "llm_inflight") is None  # saw too few
