@@ -233,7 +233,7 @@ def test_calibration_recovers_a_served_machines_step_factor_row_time_and_request
 
 def _engine_ttft_scrapes(model: str, ttfts: list[float], warmup: int = 8) -> list[dict]:
     """metrics.jsonl rows before and after a run: the engine's TTFT histogram's sum and count."""
-    total, count = (ENGINE_TTFT.format(part, model) for part in ("sum", "count"))
+    total, count = (f'{ENGINE_TTFT}_{part}{{model="{model}"}}' for part in ("sum", "count"))
     return [{"time": 0.0, "values": {total: 0.5, count: float(warmup)}},
             {"time": 1.0, "values": {total: 0.5 + sum(ttfts), count: float(warmup + len(ttfts))}}]
 
@@ -246,3 +246,16 @@ def test_the_hop_time_is_what_clients_waited_beyond_the_engines_own_first_tokens
     assert hop_time(samples, scrapes, "llm_dynamic") is None  # no histogram for that model
     assert hop_time(samples, scrapes[:1], "llm_inflight") is None  # one scrape: no difference to take
     assert hop_time(samples, _engine_ttft_scrapes("llm_inflight", [0.1]), "llm_inflight") is None  # saw too few
+
+
+def test_a_batching_models_hop_time_is_its_answer_beyond_tritons_queue_and_compute_time():
+    samples = [Sample("llm_dynamic", "U", "grpc-infer", i, ttft=2.0, e2e=2.0, output_tokens=5, expected_tokens=5)
+               for i in range(4)]
+    labels = '{model="llm_dynamic",version="1"}'
+    before = {f"nv_inference_request_success{labels}": 8.0, f"nv_inference_queue_duration_us{labels}": 1e6,
+              f"nv_inference_compute_infer_duration_us{labels}": 9e6}
+    after = {f"nv_inference_request_success{labels}": 12.0, f"nv_inference_queue_duration_us{labels}": 1e6 + 4 * 0.5e6,
+             f"nv_inference_compute_infer_duration_us{labels}": 9e6 + 4 * 1.49e6}  # 1.99 s a request in Triton
+    scrapes = [{"time": 0.0, "values": before}, {"time": 1.0, "values": after}]
+    assert hop_time(samples, scrapes, "llm_dynamic", streams=False) == pytest.approx(0.010)
+    assert hop_time(samples, scrapes, "llm_dynamic", streams=True) is None  # no engine histogram for it

@@ -79,24 +79,39 @@ def fit_steps(measured: dict[int, list[float]], simulated: dict[int, list[float]
     return (float(a), float(c)) if a > 0 else None
 
 
-ENGINE_TTFT = 'tritonllm_time_to_first_token_seconds_{}{{model="{}"}}'  # the engine's own histogram
+ENGINE_TTFT = "tritonllm_time_to_first_token_seconds"  # the in-flight engine's own histogram (_sum, _count)
+TRITON_TIMES = ("nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us")  # per request, summed
 
 
-def hop_time(samples: list[Sample], scrapes: list[dict], model: str) -> float | None:
-    """What the clients' first tokens took beyond the engine's own (arrival in the engine to first token,
-    its TTFT histogram scraped before and after the run): the hops in and out (client, gRPC, Triton, the
-    stub). None without the histogram, or when it saw fewer than half the run's requests."""
+def _delta(scrapes: list[dict], metric: str, model: str) -> float | None:
+    """How much a counter of `model` grew between the first and the last scrape (None if not scraped)."""
+    def value(row: dict) -> float | None:
+        found = [v for k, v in row.get("values", {}).items()
+                 if k.startswith(metric + "{") and f'model="{model}"' in k]
+        return sum(found) if found else None
+    first, last = value(scrapes[0]), value(scrapes[-1])
+    return None if first is None or last is None else last - first
+
+
+def hop_time(samples: list[Sample], scrapes: list[dict], model: str, streams: bool = True) -> float | None:
+    """What the clients waited beyond the server's own time (client, gRPC, Triton's front end, the
+    stub): for a streaming model the clients' mean first token less the engine's own (its TTFT
+    histogram), else their mean answer less Triton's queue and compute time per request; both from
+    the metrics scraped before and after the run. None without them, or when they saw fewer than half
+    the run's requests."""
     if len(scrapes) < 2:
         return None
-    first, last = scrapes[0].get("values", {}), scrapes[-1].get("values", {})
-    keys = [ENGINE_TTFT.format(part, model) for part in ("sum", "count")]
-    if any(k not in first or k not in last for k in keys):
+    if streams:
+        total, count = _delta(scrapes, ENGINE_TTFT + "_sum", model), _delta(scrapes, ENGINE_TTFT + "_count", model)
+        client = [s.ttft for s in samples if s.ok and s.ttft is not None]
+    else:
+        times = [_delta(scrapes, metric, model) for metric in TRITON_TIMES]
+        total = None if None in times else sum(times) / 1e6
+        count = _delta(scrapes, "nv_inference_request_success", model)
+        client = [s.e2e for s in samples if s.ok and s.e2e is not None]
+    if total is None or not count or not client or count < len(client) / 2:
         return None
-    total, count = (last[k] - first[k] for k in keys)
-    ttfts = [s.ttft for s in samples if s.ok and s.ttft is not None]
-    if count < max(1, len(ttfts) / 2):
-        return None
-    return max(0.0, sum(ttfts) / len(ttfts) - total / count)
+    return max(0.0, sum(client) / len(client) - total / count)
 
 
 def calibrate(scheme: str, closed: RunSummary, info: RunInfo, samples: list[Sample], cost: StepCost,
@@ -107,9 +122,9 @@ def calibrate(scheme: str, closed: RunSummary, info: RunInfo, samples: list[Samp
     (the run's drain gives the steps of few rows); then the time per request outside the engine that makes
     the median first token (end, for the batching models) as late. A closed loop shows that time only in
     part: a user's next request waits for a step to end either way, so most of it hides in that wait; where
-    the engine's own first-token times were scraped (`hop_s`, in-flight), that time is measured instead:
-    fitted on the closed loop's median it came out 27 ms where 13 were measured, and every first token at
-    low load was predicted that much late."""
+    the server's own times were scraped (`hop_s`: `hop_time`), that time is measured instead: fitted on
+    in-flight's closed-loop median first token it came out 27 ms where 13 were measured, and every first
+    token at low load was predicted that much late."""
     users, total = info.concurrency, info.max_requests
 
     def closed_loop_run(cal: Calibration) -> list[SimRequest]:
@@ -168,7 +183,7 @@ def validate(results: Path, cost: StepCost, source: RequestSource, seed: int, re
                   if info.scheme == scheme and not info.arrival_rate]
         if closed:
             info, samples, scrapes, s = closed[0]
-            hop_s = hop_time(samples, scrapes, info.model) if scheme == "inflight" else None
+            hop_s = hop_time(samples, scrapes, info.model, streams=scheme == "inflight")
             cal = calibrate(scheme, s, info, samples, cost, source, repository, hop_s)
         else:
             cal = Calibration()
