@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from tritonllm.engine.decode_attention import DecodeAttention, group_rows, min_keys
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.engine.paged_attention import available
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 
@@ -53,12 +55,12 @@ def reference(q_row: torch.Tensor, keys_values: torch.Tensor, kv_heads: int, sca
 
 
 def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequence: bool = False,
-               home: list[int] = ()):
+               home: list[int] = (), paged: bool = False, heads: int = 4, kv_heads: int = 2, dim: int = 16):
     """Rows packed after `offset` other tokens, each over its own blocks (shuffled across the pool,
     or at home in the lane given by `home` for the first rows), against plain attention over the
     same keys in order."""
     torch.manual_seed(len(lengths))
-    heads, kv_heads, dim, block, lane = 4, 2, 16, 64, 32
+    block, lane = 64, 32
     blocks_per_row = [-(-n // block) for n in lengths]
     lanes = 8 if home else 0
     cache = PagedKVCache(1, 1 + lanes * lane + sum(blocks_per_row), block, kv_heads, dim, dtype, CPU,
@@ -74,8 +76,10 @@ def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequen
         tables[i] = list(range(1 + h * lane, 1 + h * lane + blocks_per_row[i]))
     q = torch.randn(offset + len(lengths), heads, dim).to(dtype)
     rows = list(range(offset, offset + len(lengths)))
-    attention = DecodeAttention(rows, lengths, tables, cache, kv_heads, 0.25, CPU, heads // kv_heads, dim)
+    attention = DecodeAttention(rows, lengths, tables, cache, kv_heads, 0.25, CPU, heads // kv_heads, dim,
+                                dtype, paged=paged)
     out = attention(q, 0)
+    assert out.dtype == dtype
     assert out.shape == (len(lengths), heads, dim)
     for i, (n, table) in enumerate(zip(lengths, tables)):
         keys_values = cache.layers[0][:, table].reshape(2 * kv_heads, -1, dim)[:, :n]
@@ -85,7 +89,8 @@ def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequen
     return attention
 
 
-def test_each_row_attends_over_its_own_keys_only():
+def test_each_row_attends_over_its_own_keys_only_in_flash_calls():
+    """The flash kernel's path (other devices, float16)."""
     attention = check_rows([32, 7, 1600, 1, 40], offset=0)  # one long row alone
     assert attention.lone_rows == [2]
     # rows of 20 to 230 keys: 5 need this shape's fewest keys (134), 3 up to 246; two calls cost less
@@ -107,6 +112,46 @@ def test_each_row_attends_over_its_own_keys_only():
     # rows in far lanes (6 and 1 in one call: span 6 > 2 x 2 rows) are gathered
     attention = check_rows([40, 45], offset=1, home=[6, 1])
     assert [source if isinstance(source, tuple) else "gather" for source, *_ in attention.calls] == ["gather"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_row_attends_over_its_own_keys_only_through_its_block_table(dtype):
+    """The paged kernel (CPU, bf16 and float32): rows of any length, in any blocks, at home or not."""
+    assert available(dtype, CPU)
+    check_rows([32, 7, 1600, 1, 40], offset=0, dtype=dtype, paged=True)
+    check_rows([1500, 3, 1800, 12], offset=5, dtype=dtype, paged=True)
+    check_rows([700, 701, 702, 703], offset=2, dtype=dtype, same_sequence=True, paged=True)
+    check_rows([50, 90, 150, 160, 70, 1700, 64], offset=3, dtype=dtype, home=[2, 0, 4, 3, 1, 7], paged=True)
+    # the bundled model's heads: 9 query heads on 3 KV heads of 64
+    check_rows([130, 64, 65, 900], offset=1, dtype=dtype, paged=True, heads=9, kv_heads=3, dim=64)
+
+
+def test_a_paged_rows_bits_do_not_depend_on_the_other_rows():
+    """bf16, the bundled model's heads: a row alone == the same row beside 1..20 others of any
+    length, at any place among them (bit for bit)."""
+    rng = random.Random(5)
+    kv_heads, group, dim, block = 3, 3, 64, 64
+    cache = PagedKVCache(1, 400, block, kv_heads, dim, torch.bfloat16, CPU)
+    cache.layers[0].copy_(torch.randn_like(cache.layers[0]))
+    mine = (rng.sample(range(1, 400), 8), 450)  # its table, its length
+    q_mine = torch.randn(1, kv_heads * group, dim).bfloat16()
+
+    def attend(others):
+        at = rng.randint(0, len(others))
+        rows = others[:at] + [mine] + others[at:]
+        q = torch.randn(len(rows), kv_heads * group, dim).bfloat16()
+        q[at] = q_mine[0]
+        attention = DecodeAttention(list(range(len(rows))), [n for _, n in rows], [t for t, _ in rows], cache,
+                                    kv_heads, dim ** -0.5, CPU, group, dim, torch.bfloat16, paged=True)
+        return attention(q, 0)[at]
+
+    alone = attend([])
+    for _ in range(12):
+        others = []
+        for _ in range(rng.randint(1, 20)):
+            n = rng.randint(1, 1500)
+            others.append((rng.sample(range(1, 400), -(-n // block)), n))
+        assert torch.equal(attend(others), alone)
 
 
 def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_model):

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.engine.kv_cache import KVGather, PagedKVCache
+from tritonllm.engine.paged_attention import PagedDecode, available
 
 SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
 FLASH_KV_BLOCK = 512  # PyTorch's CPU flash kernel computes keys in blocks of this many
@@ -100,11 +101,17 @@ class DecodeAttention:
 
     def __init__(self, rows: list[int], lengths: list[int], tables: list[list[int]], cache: PagedKVCache,
                  num_kv_heads: int, scaling: float, device: torch.device, group: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, paged: bool | None = None):
         """rows: each row's index among the step's tokens; lengths: its keys (its own included);
-        tables: its sequence's block table; group: query heads per KV head; dtype: the queries'."""
+        tables: its sequence's block table; group: query heads per KV head; dtype: the queries';
+        paged: read the pool through the tables with paged_attention.py (None: where it runs)."""
         self.cache, self.num_kv_heads, self.scaling = cache, num_kv_heads, scaling
         self.rows = torch.tensor(rows, device=device)
+        if paged is None:
+            paged = available(dtype, device)
+        self.paged = PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling) if paged else None
+        if self.paged is not None:
+            return
         needs = [min_keys(n, group, head_dim) for n in lengths]
         self.lone_rows = [i for i, need in enumerate(needs) if need is None]
         shared = [i for i, need in enumerate(needs) if need is not None]
@@ -145,6 +152,8 @@ class DecodeAttention:
     def __call__(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         """q: (tokens, heads, dim) of the whole step. Returns (rows, heads, dim) in the order of the
         rows given at construction."""
+        if self.paged is not None:
+            return self.paged(q[self.rows], self.cache.numpy_layer(layer)).to(q.dtype)
         heads, dim = q.shape[1], q.shape[2]
         kvh = self.num_kv_heads
         # Query heads grouped by the KV head they share (GQA) instead of repeating keys.

@@ -18,6 +18,7 @@ import math
 import torch
 
 from tritonllm.engine.block_manager import NULL_BLOCK
+from tritonllm.engine.paged_attention import as_numpy
 
 
 class PagedKVCache:
@@ -30,6 +31,7 @@ class PagedKVCache:
         self.block_size = block_size
         self.lane_blocks = lane_blocks
         self.num_lanes = (num_blocks - 1) // lane_blocks if lane_blocks else 0
+        self._numpy_layers = None
 
     def home_lane(self, table: list[int], num_keys: int) -> int | None:
         """The lane the table sits at home in (its blocks the lane's first, in order), if any, when
@@ -62,6 +64,12 @@ class PagedKVCache:
         kv = self.layers[layer]
         flat = kv.view(kv.shape[0], -1, kv.shape[-1])  # (2 kv_heads, blocks * block_size, head_dim)
         flat.index_copy_(1, index, key_value.transpose(0, 1))
+
+    def numpy_layer(self, layer: int):
+        """The layer's buffer as paged_attention.py reads it (a view, made once)."""
+        if self._numpy_layers is None:
+            self._numpy_layers = [as_numpy(t) for t in self.layers]
+        return self._numpy_layers[layer]
 
     @property
     def nbytes(self) -> int:

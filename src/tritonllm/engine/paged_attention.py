@@ -1,0 +1,153 @@
+"""Decode attention on CPU read straight from the paged KV pool: one compiled loop per (row, KV head).
+
+PyTorch has no CPU kernel for attention over a block table: its flash kernel wants each row's
+keys in one strided run (so rows had to be gathered or kept in lanes), pays a fixed cost per
+(row, head) task that dwarfs a decode row's work (32 rows x 128 keys: ~0.8 ms a layer, 5 GB/s),
+and gives a row other bits when the call's padded length changes. This kernel is the paged
+attention of vLLM and llama.cpp, written in Python and compiled by Numba:
+
+- each (row, KV head) is one task of a parallel loop (OpenMP: the same runtime, and threads, as
+  PyTorch's when PyTorch is loaded first); the row's keys are read through its block table, in
+  place, up to its own length: no gather, no padding, no mask;
+- the query heads sharing a KV head are computed together, so each key and value is read once;
+- keys, values and the softmax are widened to float32, as the flash kernel does, and the result is
+  rounded to the queries' dtype by the caller;
+- a row's result depends on its own query, keys and length only: nothing about the other rows or
+  the step changes how it is summed (batch invariance by construction, tested).
+
+Compiled once per dtype of the pool (bfloat16 as its bits, float32), cached on disk by Numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:
+    import numba
+    from numba import njit, prange, types
+    from numba.extending import overload
+except ImportError:  # pragma: no cover - numba is a dependency; other devices fall back without it
+    numba = None
+
+SUPPORTED = (torch.bfloat16, torch.float32)
+
+
+def available(dtype: torch.dtype, device: torch.device) -> bool:
+    return numba is not None and device.type == "cpu" and dtype in SUPPORTED
+
+
+def as_numpy(pool: torch.Tensor) -> np.ndarray:
+    """A pool layer as the kernel reads it, no copy: bfloat16 as its 16-bit patterns."""
+    return pool.view(torch.int16).numpy().view(np.uint16) if pool.dtype == torch.bfloat16 else pool.numpy()
+
+
+if numba is not None:
+    def widen(pool, plane, block, offset, bits, out):  # noqa: ARG001 - what the overloads below implement
+        """Copy the pool's row (plane, block, offset) into `out` as float32 (`bits`: out as uint32)."""
+
+    @overload(widen, inline="always")
+    def _widen(pool, plane, block, offset, bits, out):
+        if pool.dtype == types.uint16:  # bfloat16: its bits are a float32's upper half
+            def impl(pool, plane, block, offset, bits, out):
+                for d in range(out.shape[0]):
+                    bits[d] = np.uint32(pool[plane, block, offset, d]) << 16
+            return impl
+
+        def impl(pool, plane, block, offset, bits, out):
+            for d in range(out.shape[0]):
+                out[d] = pool[plane, block, offset, d]
+        return impl
+
+    @njit(inline="always", fastmath=True)
+    def exp_into(x, out, scale_bits, n):
+        """out[:n] = exp(x[:n]) for x <= 0, in float32 (Cephes' expf: ~1 ulp), in a loop the compiler
+        vectorizes (np.exp is a libm call per element). `scale_bits`: scratch, 2^k as float32 bits."""
+        for k in range(n):
+            v = max(x[k], np.float32(-87.0))
+            whole = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
+            r = v - whole * np.float32(0.693359375) + whole * np.float32(2.12194440e-4)
+            p = np.float32(1.9875691500e-4)
+            p = p * r + np.float32(1.3981999507e-3)
+            p = p * r + np.float32(8.3334519073e-3)
+            p = p * r + np.float32(4.1665795894e-2)
+            p = p * r + np.float32(1.6666665459e-1)
+            p = p * r + np.float32(5.0000001201e-1)
+            out[k] = p * r * r + r + np.float32(1.0)
+            scale_bits[k] = np.uint32(np.int32(whole) + 127) << 23
+        powers = scale_bits.view(np.float32)
+        for k in range(n):
+            out[k] *= powers[k]
+
+    @njit(parallel=True, fastmath=True, cache=True)
+    def _paged_decode(q, pool, tables, lengths, order, scale, out, scores):
+        """q (rows, kv_heads, group, dim) float32; pool (2 kv_heads, blocks, block_size, dim), keys
+        then values; tables (rows, blocks) int64; lengths (rows,) int64; out like q; scores
+        (rows x kv_heads, group + 1, >= max length) float32, scratch. Array views are avoided in
+        the loops: each one costs a reference count shared by all threads."""
+        rows, kv_heads, group, dim = q.shape
+        block_size = pool.shape[2]
+        for i in prange(rows * kv_heads):
+            task = order[i]
+            r = task // kv_heads
+            h = task - r * kv_heads
+            n = lengths[r]
+            s = scores[task]
+            row = np.empty(dim, np.float32)
+            bits = row.view(np.uint32)
+            acc = np.zeros((group, dim), np.float32)
+            for k in range(n):
+                widen(pool, h, tables[r, k // block_size], k % block_size, bits, row)
+                for g in range(group):
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += q[r, h, g, d] * row[d]
+                    s[g, k] = dot * scale
+            spare = s[group].view(np.uint32)
+            for g in range(group):
+                peak = s[g, 0]
+                for k in range(1, n):
+                    peak = max(peak, s[g, k])
+                for k in range(n):
+                    s[g, k] -= peak
+                exp_into(s[g], s[g], spare, n)
+                total = np.float32(0.0)
+                for k in range(n):
+                    total += s[g, k]
+                for k in range(n):
+                    s[g, k] /= total
+            for k in range(n):
+                widen(pool, kv_heads + h, tables[r, k // block_size], k % block_size, bits, row)
+                for g in range(group):
+                    p = s[g, k]
+                    for d in range(dim):
+                        acc[g, d] += p * row[d]
+            for g in range(group):
+                for d in range(dim):
+                    out[r, h, g, d] = acc[g, d]
+
+
+class PagedDecode:
+    """Made once per step for its decode rows; `__call__` runs one layer's attention for them."""
+
+    def __init__(self, lengths: list[int], tables: list[list[int]], num_kv_heads: int, group: int,
+                 head_dim: int, scaling: float):
+        numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # this thread's
+        width = max(len(t) for t in tables)
+        self.tables = np.zeros((len(tables), width), np.int64)  # block 0 past a table's end: never read
+        for i, t in enumerate(tables):
+            self.tables[i, :len(t)] = t
+        self.lengths = np.asarray(lengths, np.int64)
+        tasks = np.arange(len(lengths) * num_kv_heads, dtype=np.int64)
+        self.order = tasks[np.argsort(-np.repeat(self.lengths, num_kv_heads), kind="stable")]
+        self.scaling = np.float32(scaling)
+        self.out = np.empty((len(lengths), num_kv_heads, group, head_dim), np.float32)
+        self.scores = np.empty((len(lengths) * num_kv_heads, group + 1, max(lengths)), np.float32)
+
+    def __call__(self, q: torch.Tensor, pool: np.ndarray) -> torch.Tensor:
+        """q: (rows, heads, dim) of the decode rows; pool: `as_numpy` of the layer. Returns
+        (rows, heads, dim) float32."""
+        queries = q.float().numpy().reshape(self.out.shape)
+        with numba.parallel_chunksize(1):  # tasks taken one at a time (see `order`)
+            _paged_decode(queries, pool, self.tables, self.lengths, self.order, self.scaling, self.out, self.scores)
+        return torch.from_numpy(self.out).view(q.shape)
