@@ -1,5 +1,9 @@
 """Attention of a step's one-token rows (decodes), at a cost that follows their true lengths.
 
+On CPU in bfloat16 and float32 (the shipped cases) the rows go to paged_attention.py: a compiled
+loop that reads each row's keys through its block table, in place, up to its own length. What
+follows is the path for everything else (other devices, float16): calls of PyTorch's flash kernel.
+
 Each row attends over its own sequence's keys (kv_cache.py), in calls of PyTorch's CPU flash
 kernel, each row masked to its own length. One call over every row padded to the longest made
 every row pay for the longest (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600); a

@@ -5,12 +5,12 @@ in fewer, larger ops: q|k|v and gate|up are one matmul each (fused_weights.py), 
 come from tables made once by the model's rotary module (rotary.py), and each layer stores its
 new keys and values with one write. Every matmul goes through linear.py, which picks the kernel
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
-`F.linear` in float32). In float32 the logits equal the model's own forward bit for bit
-(tested). Attention and the KV cache are ours: keys and values live in fixed-size blocks
+`F.linear` in float32, bit-equal to the model's own). In float32 greedy answers equal the model's
+own `generate` token for token (tested). Attention and the KV cache are ours: keys and values live in fixed-size blocks
 (`PagedKVCache`), each sequence in the blocks of its table (the scheduler's block_manager.py
 hands them out); prompt rows attend over their sequence's keys in tiles fixed by position
-(prefill_attention.py), generated rows at a cost that follows their true lengths
-(decode_attention.py). Both make a row's result independent of the others in the step (batch
+(prefill_attention.py), generated rows through their block tables at the cost of their true lengths
+(decode_attention.py, paged_attention.py on CPU). Both make a row's result independent of the others in the step (batch
 invariance, tested in bf16 too), and which path a row takes depends only on its position and its
 prompt's length, so a row computed again (a prefix-cache miss, a preempted sequence) gets the
 same bits.
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.fused_weights import fuse_layer
+from tritonllm.engine import paged_attention
 from tritonllm.engine.kv_cache import KVGather, PagedKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
 from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
@@ -120,6 +121,8 @@ class ModelRunner:
         self.cache = PagedKVCache(len(self.layers), num_blocks or num_slots * self.blocks_per_slot + 1, block_size,
                                   self.num_kv_heads, self.head_dim, self.dtype, self.device,
                                   lane_blocks=self.blocks_per_slot)
+        if paged_attention.available(self.dtype, self.device):
+            paged_attention.warm_up(self.dtype)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
 
