@@ -1,7 +1,8 @@
 """`tritonllm-bench-engine`: offline throughput of four ways to batch the same workload, in one run.
 
 0. decode: the model runner's decode step alone at 8 and 32 slots (ms, tok/s, GB/s of weights), and
-   7 short rows + 1 long against 8 short;
+   7 short rows + 1 long against 8 short; on CPU each also with PyTorch's flash kernel for decode
+   attention instead of the paged kernel (engine/paged_attention.py), side by side;
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -132,30 +133,44 @@ DECODE_CASES = [("8 x 128", [128] * 8), ("32 x 128", [128] * 32), ("8 x 32", [32
 def run_decode_steps(model, quantization: str | None = None, repeats: int = 10) -> dict:
     """The runner's decode step alone at 8 and 32 slots: time, tok/s and the weights' bytes per step
     time (GB/s: how close the step comes to streaming its weights at memory speed), and one long row
-    among short ones against all short (attention that follows true lengths costs little more)."""
+    among short ones against all short (attention that follows true lengths costs little more).
+    Where the paged decode kernel runs, every case is also timed with PyTorch's flash kernel instead,
+    alternating in the same process (`flash_over_paged`: what the kernel saves a step)."""
     runner = ModelRunner(model, max(len(lengths) for _, lengths in DECODE_CASES), 2048, quantization)
-    times: dict[str, list[float]] = {name: [] for name, _ in DECODE_CASES}
-    for _, lengths in DECODE_CASES:  # warm every shape
-        runner.decode_ceiling_step(lengths)
-    for _ in range(repeats):  # round robin: a noisy moment touches every case alike
-        for name, lengths in DECODE_CASES:
-            t0 = time.perf_counter()
+    kernels = [True, False] if runner.paged_decode else [False]
+    times = {(name, paged): [] for name, _ in DECODE_CASES for paged in kernels}
+    for paged in kernels:  # warm every shape
+        runner.paged_decode = paged
+        for _, lengths in DECODE_CASES:
             runner.decode_ceiling_step(lengths)
-            times[name].append(time.perf_counter() - t0)
+    for rep in range(repeats):  # round robin: a noisy moment touches every case and kernel alike
+        for paged in kernels if rep % 2 else kernels[::-1]:
+            runner.paged_decode = paged
+            for name, lengths in DECODE_CASES:
+                t0 = time.perf_counter()
+                runner.decode_ceiling_step(lengths)
+                times[(name, paged)].append(time.perf_counter() - t0)
+    runner.paged_decode = kernels[0]
     cases = {}
     for name, lengths in DECODE_CASES:
-        seconds = statistics.median(times[name])
+        seconds = statistics.median(times[(name, kernels[0])])
         cases[name] = {"rows": len(lengths), "seconds": seconds, "tokens_per_s": len(lengths) / seconds,
                        "weights_gb_per_s": runner.weight_bytes / seconds / 1e9}
+        if len(kernels) == 2:
+            cases[name]["flash_seconds"] = statistics.median(times[(name, False)])
+            cases[name]["flash_over_paged"] = cases[name]["flash_seconds"] / seconds
     mixed = cases["7 x 32 + 1 x 1600"]["seconds"] / cases["8 x 32"]["seconds"]
-    return {"weight_bytes": runner.weight_bytes, "cases": cases, "mixed_over_short": mixed}
+    return {"weight_bytes": runner.weight_bytes, "paged_decode": kernels[0], "cases": cases, "mixed_over_short": mixed}
 
 
 def print_decode_steps(r: dict) -> None:
-    print(f"decode steps (weights {r['weight_bytes'] / 1e6:.0f} MB per step):")
+    kernel = "paged decode attention" if r["paged_decode"] else "flash decode attention"
+    print(f"decode steps (weights {r['weight_bytes'] / 1e6:.0f} MB per step, {kernel}):")
     for name, c in r["cases"].items():
+        flash = (f"  | flash kernel {c['flash_seconds'] * 1e3:6.1f} ms, {c['flash_over_paged']:.2f}x the time"
+                 if "flash_seconds" in c else "")
         print(f"  {name:18s} {c['seconds'] * 1e3:6.1f} ms  {c['tokens_per_s']:7.1f} tok/s  "
-              f"{c['weights_gb_per_s']:5.1f} GB/s of weights")
+              f"{c['weights_gb_per_s']:5.1f} GB/s of weights{flash}")
     print(f"  7 x 32 + 1 x 1600 / 8 x 32 = {r['mixed_over_short']:.2f}", flush=True)
 
 

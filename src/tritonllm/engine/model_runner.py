@@ -121,7 +121,9 @@ class ModelRunner:
         self.cache = PagedKVCache(len(self.layers), num_blocks or num_slots * self.blocks_per_slot + 1, block_size,
                                   self.num_kv_heads, self.head_dim, self.dtype, self.device,
                                   lane_blocks=self.blocks_per_slot)
-        if paged_attention.available(self.dtype, self.device):
+        # Decode rows through paged_attention.py where it runs, else PyTorch's flash kernel (benchmarks set it).
+        self.paged_decode = paged_attention.available(self.dtype, self.device)
+        if self.paged_decode:
             paged_attention.warm_up(self.dtype)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
@@ -154,7 +156,8 @@ class ModelRunner:
         pos_t = torch.tensor(positions, device=dev)
         index_t = torch.tensor(write_index, device=dev)
         decodes = (DecodeAttention(decode_rows, decode_lengths, decode_tables, self.cache, self.num_kv_heads,
-                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim, self.dtype)
+                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim, self.dtype,
+                                   self.paged_decode)
                    if decode_rows else None)
         prompt_gathers = [KVGather(self.cache, [c.blocks], c.start + n, PREFILL_TILE) for _, n, c in prompt_chunks]
         cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
