@@ -26,7 +26,8 @@ import torch
 try:
     import numba
     from numba import njit, prange, types
-    from numba.extending import overload
+    from llvmlite import ir
+    from numba.extending import intrinsic, overload
 except ImportError:  # pragma: no cover - numba is a dependency; other devices fall back without it
     numba = None
 
@@ -43,21 +44,23 @@ def as_numpy(pool: torch.Tensor) -> np.ndarray:
 
 
 if numba is not None:
-    def widen(pool, plane, block, offset, bits, out):  # noqa: ARG001 - what the overloads below implement
-        """Copy the pool's row (plane, block, offset) into `out` as float32 (`bits`: out as uint32)."""
+    @intrinsic
+    def _bf16_bits_as_float32(typingctx, bits):
+        """A bfloat16's 16 bits as the float32 they are the upper half of (an LLVM bitcast, which
+        the compiler vectorizes; Numba has no scalar bitcast)."""
+        def codegen(context, builder, signature, args):
+            wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
+            return builder.bitcast(wide, ir.FloatType())
+        return types.float32(types.uint16), codegen
 
-    @overload(widen, inline="always")
-    def _widen(pool, plane, block, offset, bits, out):
-        if pool.dtype == types.uint16:  # bfloat16: its bits are a float32's upper half
-            def impl(pool, plane, block, offset, bits, out):
-                for d in range(out.shape[0]):
-                    bits[d] = np.uint32(pool[plane, block, offset, d]) << 16
-            return impl
+    def as_float32(x):  # noqa: ARG001 - what the overload below implements
+        """A pool element as float32: bfloat16 from its bits, float32 as it is."""
 
-        def impl(pool, plane, block, offset, bits, out):
-            for d in range(out.shape[0]):
-                out[d] = pool[plane, block, offset, d]
-        return impl
+    @overload(as_float32, inline="always")
+    def _as_float32(x):
+        if x == types.uint16:
+            return lambda x: _bf16_bits_as_float32(x)
+        return lambda x: np.float32(x)
 
     @njit(inline="always", fastmath=True)
     def exp_into(x, out, scale_bits, n):
@@ -93,15 +96,13 @@ if numba is not None:
             h = task - r * kv_heads
             n = lengths[r]
             s = scores[task]
-            row = np.empty(dim, np.float32)
-            bits = row.view(np.uint32)
             acc = np.zeros((group, dim), np.float32)
             for k in range(n):
-                widen(pool, h, tables[r, k // block_size], k % block_size, bits, row)
+                block, offset = tables[r, k // block_size], k % block_size
                 for g in range(group):
                     dot = np.float32(0.0)
                     for d in range(dim):
-                        dot += q[r, h, g, d] * row[d]
+                        dot += q[r, h, g, d] * as_float32(pool[h, block, offset, d])
                     s[g, k] = dot * scale
             spare = s[group].view(np.uint32)
             for g in range(group):
@@ -117,11 +118,11 @@ if numba is not None:
                 for k in range(n):
                     s[g, k] /= total
             for k in range(n):
-                widen(pool, kv_heads + h, tables[r, k // block_size], k % block_size, bits, row)
+                block, offset = tables[r, k // block_size], k % block_size
                 for g in range(group):
                     p = s[g, k]
                     for d in range(dim):
-                        acc[g, d] += p * row[d]
+                        acc[g, d] += p * as_float32(pool[kv_heads + h, block, offset, d])
             for g in range(group):
                 for d in range(dim):
                     out[r, h, g, d] = acc[g, d]
