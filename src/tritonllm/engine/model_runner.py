@@ -5,13 +5,13 @@ in fewer, larger ops: q|k|v and gate|up are one matmul each (fused_weights.py), 
 come from tables made once by the model's rotary module (rotary.py), and each layer stores its
 new keys and values with one write. Every matmul goes through linear.py, which picks the kernel
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
-`F.linear` in float32, bit-equal to the model's own). In float32 greedy answers equal the model's
-own `generate` token for token (tested). Attention and the KV cache are ours: keys and values live in fixed-size blocks
-(`PagedKVCache`), each sequence in the blocks of its table (the scheduler's block_manager.py
-hands them out); prompt rows attend over their sequence's keys in tiles fixed by position
-(prefill_attention.py), generated rows through their block tables at the cost of their true lengths
-(decode_attention.py, paged_attention.py on CPU). Both make a row's result independent of the others in the step (batch
-invariance, tested in bf16 too), and which path a row takes depends only on its position and its
+`F.linear` in float32, bit-equal to the model's own). In float32 greedy answers equal the
+model's own `generate` token for token (tested). Attention and the KV cache are ours: keys and
+values live in fixed-size blocks (`PagedKVCache`), each sequence in the blocks of its table (the
+scheduler's block_manager.py hands them out); prompt rows attend over their sequence's keys in
+tiles fixed by position (prefill_attention.py), generated rows through their block tables at the
+cost of their true lengths (decode_attention.py; paged_attention.py on CPU). Both make a row's
+result independent of the others in the step (batch invariance, tested in bf16 too), and which path a row takes depends only on its position and its
 prompt's length, so a row computed again (a prefix-cache miss, a preempted sequence) gets the
 same bits.
 Logits are computed only at each sequence's last scheduled token, and only where a token is
