@@ -12,8 +12,8 @@ scheduler's block_manager.py hands them out); prompt rows attend over their sequ
 tiles fixed by position (prefill_attention.py), generated rows through their block tables at the
 cost of their true lengths (decode_attention.py; paged_attention.py on CPU). Both make a row's
 result independent of the others in the step (batch invariance, tested in bf16 too), and which
-path a row takes depends only on its position and its prompt's length, so a row computed again (a prefix-cache miss, a preempted sequence) gets the
-same bits.
+path a row takes depends only on its position and its prompt's length, so a row computed again
+(a prefix-cache miss, a preempted sequence) gets the same bits.
 Logits are computed only at each sequence's last scheduled token, and only where a token is
 sampled.
 
