@@ -17,8 +17,9 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert set(decode["cases"]) >= {"8 x 128", "32 x 128", "8 x 32", "7 x 32 + 1 x 1600"}
     assert all(c["weights_gb_per_s"] > 0 and c["tokens_per_s"] > 0 for c in decode["cases"].values())
     assert decode["mixed_over_short"] > 0
-    assert decode["paged_decode"]  # CPU: the paged kernel, each case timed against the flash kernel too
-    assert all(c["flash_seconds"] > 0 and c["flash_over_paged"] > 0 for c in decode["cases"].values())
+    assert decode["paged_decode"]  # CPU: the paged decode kernel
+    if decode["cpu_kernels"]:  # bf16 (auto where the CPU has it): each case also timed with PyTorch's ops
+        assert all(c["torch_ops_seconds"] > 0 and c["torch_ops_over_kernels"] > 0 for c in decode["cases"].values())
     requested = sum(n for _, n in benchmark.make_workload(10, "exp:8:24", "uniform:8:48", 0))
     for name in ("engine", "request", "hf-cb", "static"):
         assert "error" not in results[name], results[name]
@@ -26,7 +27,7 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert results["engine"]["slot_utilisation_while_waiting"] == 1.0
     printed = capsys.readouterr().out
     assert "engine / hf-cb" in printed and "engine / static" in printed
-    assert "GB/s of weights" in printed and "flash kernel" in printed and "7 x 32 + 1 x 1600 / 8 x 32 =" in printed
+    assert "GB/s of weights" in printed and "between the matmuls" in printed and "7 x 32 + 1 x 1600 / 8 x 32 =" in printed
 
 
 def test_benchmark_compares_dtypes_and_measures_batch_invariance(tmp_path, capsys):

@@ -1,8 +1,8 @@
 """`tritonllm-bench-engine`: offline throughput of four ways to batch the same workload, in one run.
 
 0. decode: the model runner's decode step alone at 8 and 32 slots (ms, tok/s, GB/s of weights), and
-   7 short rows + 1 long against 8 short; on CPU each also with PyTorch's flash kernel for decode
-   attention instead of the paged kernel (engine/paged_attention.py), side by side;
+   7 short rows + 1 long against 8 short; on CPU in bf16 each also with PyTorch's ops between the
+   matmuls instead of the compiled layer kernels (engine/layer_kernels.py), side by side;
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -134,43 +134,47 @@ def run_decode_steps(model, quantization: str | None = None, repeats: int = 10) 
     """The runner's decode step alone at 8 and 32 slots: time, tok/s and the weights' bytes per step
     time (GB/s: how close the step comes to streaming its weights at memory speed), and one long row
     among short ones against all short (attention that follows true lengths costs little more).
-    Where the paged decode kernel runs, every case is also timed with PyTorch's flash kernel instead,
-    alternating in the same process (`flash_over_paged`: what the kernel saves a step)."""
+    Where the compiled layer kernels run (engine/layer_kernels.py: CPU, bf16), every case is also
+    timed with PyTorch's ops between the matmuls instead, alternating in the same process
+    (`torch_ops_over_kernels`: what the kernels save a step)."""
     runner = ModelRunner(model, max(len(lengths) for _, lengths in DECODE_CASES), 2048, quantization)
-    kernels = [True, False] if runner.paged_decode else [False]
-    times = {(name, paged): [] for name, _ in DECODE_CASES for paged in kernels}
-    for paged in kernels:  # warm every shape
-        runner.paged_decode = paged
+    kernels = [True, False] if runner.cpu_kernels else [False]
+    times = {(name, k): [] for name, _ in DECODE_CASES for k in kernels}
+    for k in kernels:  # warm every shape
+        runner.cpu_kernels = k
         for _, lengths in DECODE_CASES:
             runner.decode_ceiling_step(lengths)
-    for rep in range(repeats):  # round robin: a noisy moment touches every case and kernel alike
-        for paged in kernels if rep % 2 else kernels[::-1]:
-            runner.paged_decode = paged
+    for rep in range(repeats):  # round robin: a noisy moment touches every case and variant alike
+        for k in kernels if rep % 2 else kernels[::-1]:
+            runner.cpu_kernels = k
             for name, lengths in DECODE_CASES:
                 t0 = time.perf_counter()
                 runner.decode_ceiling_step(lengths)
-                times[(name, paged)].append(time.perf_counter() - t0)
-    runner.paged_decode = kernels[0]
+                times[(name, k)].append(time.perf_counter() - t0)
+    runner.cpu_kernels = kernels[0]
     cases = {}
     for name, lengths in DECODE_CASES:
         seconds = statistics.median(times[(name, kernels[0])])
         cases[name] = {"rows": len(lengths), "seconds": seconds, "tokens_per_s": len(lengths) / seconds,
                        "weights_gb_per_s": runner.weight_bytes / seconds / 1e9}
         if len(kernels) == 2:
-            cases[name]["flash_seconds"] = statistics.median(times[(name, False)])
-            cases[name]["flash_over_paged"] = cases[name]["flash_seconds"] / seconds
+            cases[name]["torch_ops_seconds"] = statistics.median(times[(name, False)])
+            cases[name]["torch_ops_over_kernels"] = cases[name]["torch_ops_seconds"] / seconds
     mixed = cases["7 x 32 + 1 x 1600"]["seconds"] / cases["8 x 32"]["seconds"]
-    return {"weight_bytes": runner.weight_bytes, "paged_decode": kernels[0], "cases": cases, "mixed_over_short": mixed}
+    return {"weight_bytes": runner.weight_bytes, "cpu_kernels": kernels[0], "paged_decode": runner.paged_decode,
+            "cases": cases, "mixed_over_short": mixed}
 
 
 def print_decode_steps(r: dict) -> None:
-    kernel = "paged decode attention" if r["paged_decode"] else "flash decode attention"
-    print(f"decode steps (weights {r['weight_bytes'] / 1e6:.0f} MB per step, {kernel}):")
+    between = "compiled layer kernels" if r["cpu_kernels"] else "PyTorch ops"
+    attention = "paged decode attention" if r["paged_decode"] else "flash decode attention"
+    print(f"decode steps (weights {r['weight_bytes'] / 1e6:.0f} MB per step, {between} between the matmuls, "
+          f"{attention}):")
     for name, c in r["cases"].items():
-        flash = (f"  | flash kernel {c['flash_seconds'] * 1e3:6.1f} ms, {c['flash_over_paged']:.2f}x the time"
-                 if "flash_seconds" in c else "")
+        torch_ops = (f"  | PyTorch ops {c['torch_ops_seconds'] * 1e3:6.1f} ms, {c['torch_ops_over_kernels']:.2f}x the time"
+                     if "torch_ops_seconds" in c else "")
         print(f"  {name:18s} {c['seconds'] * 1e3:6.1f} ms  {c['tokens_per_s']:7.1f} tok/s  "
-              f"{c['weights_gb_per_s']:5.1f} GB/s of weights{flash}")
+              f"{c['weights_gb_per_s']:5.1f} GB/s of weights{torch_ops}")
     print(f"  7 x 32 + 1 x 1600 / 8 x 32 = {r['mixed_over_short']:.2f}", flush=True)
 
 

@@ -137,13 +137,18 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 DTYPE_ENV = "TRITONLLM_DTYPE"  # overrides the dtype named in config.pbtxt (auto, float32, bfloat16, float16)
 
 
-def cpu_runs_bf16_fast() -> bool:
-    """True when the CPU has native bfloat16 matmul instructions (AMX or AVX512-BF16), which oneDNN uses."""
+def cpu_flags() -> list[str]:
+    """The CPU's feature flags (Linux; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
-        return False
+        return []
+
+
+def cpu_runs_bf16_fast() -> bool:
+    """True when the CPU has native bfloat16 matmul instructions (AMX or AVX512-BF16), which oneDNN uses."""
+    flags = cpu_flags()
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 

@@ -18,7 +18,7 @@ import math
 import torch
 
 from tritonllm.engine.block_manager import NULL_BLOCK
-from tritonllm.engine.paged_attention import as_numpy
+from tritonllm.engine.numba_bf16 import as_numpy
 
 
 class PagedKVCache:
@@ -69,7 +69,13 @@ class PagedKVCache:
         """The layer's buffer as paged_attention.py reads it (a view, made once)."""
         if self._numpy_layers is None:
             self._numpy_layers = [as_numpy(t) for t in self.layers]
+            self._numpy_flat = [a.reshape(a.shape[0], -1, a.shape[-1]) for a in self._numpy_layers]
         return self._numpy_layers[layer]
+
+    def numpy_flat(self, layer: int):
+        """The same, (2 kv_heads, blocks x block_size, head_dim): a token's slot is its `token_index`."""
+        self.numpy_layer(layer)
+        return self._numpy_flat[layer]
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,10 @@
   oneDNN sums a lone row in another order (a few outputs in 10^4 differed by one bf16 ulp, the
   1536-wide `down` of the bundled model), so a lone row is multiplied as two (the row expanded, not
   copied: oneDNN reads it twice; 15 us less a call than `repeat` here, the same bits).
+  With AMX (Intel) oneDNN picks its kernel and blocking by the row count: a row gets the bits it
+  gets alone only in calls of at most 32 rows here (measured on the model's shapes; without AMX,
+  any count). So where the CPU has AMX, calls of more rows are cut into calls of 32 (a 256-row prefill
+  chunk's matmuls take ~2.5x as long in calls of 32; decode steps of <= 32 rows pay nothing).
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
   the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
@@ -15,6 +19,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +34,25 @@ class PackedWeight:
 
     packed: torch.Tensor
     nbytes: int  # of the weight it was made from
+    row_block: int | None  # the most rows per call that give each row the bits it gets alone
+
+
+AMX_ROW_BLOCK = 32  # with AMX, calls of at most this many rows give each row its lone bits (measured)
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = x if x.shape[0] > 1 else x.expand(2, -1)  # a lone row as two (see the module's notes); no copy
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out if x.shape[0] > 1 else out[:1]
+
+
+def invariant_row_block() -> int | None:
+    """The most rows per call that keep every row's bits: AMX_ROW_BLOCK where oneDNN runs AMX, else
+    no limit (None)."""
+    from tritonllm.models import cpu_flags
+
+    amx = "amx_bf16" in cpu_flags() and os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("", "ALL", "DEFAULT")
+    return AMX_ROW_BLOCK if amx else None
 
 
 def prepack_enabled(dtype: torch.dtype, device: torch.device) -> bool:
@@ -42,8 +66,8 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
     if quantization == "int8":
         return Int8Weight.of(weight)
     if prepack_enabled(weight.dtype, weight.device):
-        return PackedWeight(torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint),
-                            weight.numel() * weight.element_size())
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
+        return PackedWeight(packed, weight.numel() * weight.element_size(), invariant_row_block())
     return weight
 
 
@@ -59,9 +83,10 @@ def nbytes(weight) -> int:
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias."""
     if isinstance(weight, PackedWeight):
-        rows = x if x.shape[0] > 1 else x.expand(2, -1)  # a lone row as two (see the module's notes); no copy
-        out = torch.ops.mkldnn._linear_pointwise(rows, weight.packed, bias, "none", [], "")
-        return out if x.shape[0] > 1 else out[:1]
+        block = weight.row_block
+        if block is None or x.shape[0] <= block:
+            return _packed_call(x, weight.packed, bias)
+        return torch.cat([_packed_call(x[i:i + block], weight.packed, bias) for i in range(0, x.shape[0], block)])
     if isinstance(weight, Int8Weight):
         out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
         return out if bias is None else out + bias

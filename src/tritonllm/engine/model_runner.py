@@ -27,16 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
-from tritonllm.engine.decode_attention import DecodeAttention
+from tritonllm.engine import layer_kernels, paged_attention
 from tritonllm.engine.fused_weights import fuse_layer
-from tritonllm.engine import paged_attention
-from tritonllm.engine.kv_cache import KVGather, PagedKVCache
+from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
-from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
+from tritonllm.engine.numba_bf16 import as_numpy
+from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
+from tritonllm.engine.step_ops import KernelOps, StepLayout, TorchOps, rms_norm
 
 # Decoder-only models with the Llama layout (pre-norm, rotary, GQA, gated MLP). Qwen3 adds
 # per-head q/k norms, which the runner applies when present.
@@ -76,15 +76,6 @@ def check_supported(config) -> None:
         model_type == "mistral" and getattr(config, "sliding_window", None)
     ):
         raise ValueError("sliding-window attention is not supported by the in-flight runner")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm exactly as Llama, Mistral and Qwen compute it: in float32, rounded before the weight.
-    `F.rms_norm` without the weight computes a bf16 input in float32 and rounds its result: bit for
-    bit the model's own ops (tested on 10^5 values), at a third of the time of upcasting first
-    (which took two more ops). With the weight it would apply it before rounding: in bfloat16 that
-    moved a near-tied greedy token."""
-    return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
 
 
 class ModelRunner:
@@ -127,69 +118,66 @@ class ModelRunner:
             paged_attention.warm_up(self.dtype)
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
+        # The work between the matmuls: compiled kernels where they run (CPU, bf16), else PyTorch ops
+        # (step_ops.py; benchmarks set it).
+        self.cpu_kernels = layer_kernels.available(self.dtype, self.device, getattr(self.config, "hidden_act", ""))
+        if self.cpu_kernels:
+            layer_kernels.warm_up()
+            self.rotary_cos, self.rotary_sin = as_numpy(self.rotary.cos), as_numpy(self.rotary.sin)
+            self.norm_weights = {id(w): as_numpy(w) for lw in self.layers for w in (lw.input_norm, lw.post_norm)}
 
     def slot_blocks(self, slot: int) -> list[int]:
         """The blocks of lane `slot`: a fixed table, at home (benchmarks, tests)."""
         first = 1 + slot * self.blocks_per_slot
         return list(range(first, first + self.blocks_per_slot))
 
+    def numpy_weight(self, weight: torch.Tensor):
+        """A norm weight of a layer as the kernels read it (views made once)."""
+        return self.norm_weights[id(weight)]
+
+    def layout(self, chunks: list[Chunk]) -> StepLayout:
+        step = StepLayout()
+        for c in chunks:
+            n, first = len(c.token_ids), len(step.ids)
+            prefill, decodes = c.paths(first)
+            if prefill is not None:
+                step.prompt_chunks.append((*prefill, c))
+            for row in decodes:
+                step.decode_rows.append(row)
+                step.decode_lengths.append(c.start + row - first + 1)
+                step.decode_tables.append(c.blocks)
+            step.ids.extend(c.token_ids)
+            step.positions.extend(range(c.start, c.start + n))
+            step.write_index.extend(self.cache.token_index(c.blocks, range(c.start, c.start + n)))
+            step.ends.append(len(step.ids) - 1)
+        return step
+
+    def qk_norm(self, qkv: torch.Tensor, w) -> torch.Tensor:
+        """Qwen3: each head of q and k normalised before rotary."""
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = qkv.view(qkv.shape[0], -1, self.head_dim)
+        return torch.cat([rms_norm(qkv[:, :heads], w.q_norm, self.eps),
+                          rms_norm(qkv[:, heads:heads + kv_heads], w.k_norm, self.eps),
+                          qkv[:, heads + kv_heads:]], dim=1).view(qkv.shape[0], -1)
+
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
         """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
-        ids, positions, write_index, ends = [], [], [], []
-        prompt_chunks = []  # (first row, rows, chunk)
-        decode_rows, decode_lengths, decode_tables = [], [], []
-        for c in chunks:
-            n = len(c.token_ids)
-            prefill, decodes = c.paths(len(ids))
-            if prefill is not None:
-                prompt_chunks.append((*prefill, c))
-            for row in decodes:
-                decode_rows.append(row)
-                decode_lengths.append(c.start + row - len(ids) + 1)
-                decode_tables.append(c.blocks)
-            ids.extend(c.token_ids)
-            positions.extend(range(c.start, c.start + n))
-            write_index.extend(self.cache.token_index(c.blocks, range(c.start, c.start + n)))
-            ends.append(len(ids) - 1)
-        dev = self.device
-        pos_t = torch.tensor(positions, device=dev)
-        index_t = torch.tensor(write_index, device=dev)
-        decodes = (DecodeAttention(decode_rows, decode_lengths, decode_tables, self.cache, self.num_kv_heads,
-                                   self.scaling, dev, self.num_heads // self.num_kv_heads, self.head_dim, self.dtype,
-                                   self.paged_decode)
-                   if decode_rows else None)
-        prompt_gathers = [KVGather(self.cache, [c.blocks], c.start + n, PREFILL_TILE) for _, n, c in prompt_chunks]
-        cos, sin = self.rotary.at(pos_t)  # (T, heads + 2 kv_heads, head_dim), for every layer
-        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
-        hidden = self.embed(torch.tensor(ids, device=dev))  # (T, hidden)
+        layout = self.layout(chunks)
+        ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
+        hidden, delta = self.embed(torch.tensor(layout.ids, device=self.device)), None  # (T, hidden)
         for layer_idx, w in enumerate(self.layers):
-            h = rms_norm(hidden, w.input_norm, self.eps)
-            qkv = linear(h, w.qkv, w.qkv_bias).view(-1, heads + 2 * kv_heads, dim)
-            if w.q_norm is not None:  # Qwen3: each head of q and k normalised before rotary
-                qkv = torch.cat([rms_norm(qkv[:, :heads], w.q_norm, self.eps),
-                                 rms_norm(qkv[:, heads:heads + kv_heads], w.k_norm, self.eps),
-                                 qkv[:, heads + kv_heads:]], dim=1)
-            # Rotary on q and k; the v heads' table is cos 1, sin 0 (v passes through unchanged).
-            qkv = qkv * cos + qkv.roll(dim // 2, -1) * sin
-            q = qkv[:, :heads]
-            self.cache.write(layer_idx, index_t, qkv[:, heads:])
-            if not prompt_chunks:
-                out = decodes(q, layer_idx)
-            else:
-                out = torch.empty_like(q)
-                if decodes is not None:
-                    out[decodes.rows] = decodes(q, layer_idx)
-                for (off, n, c), gather in zip(prompt_chunks, prompt_gathers):
-                    keys_values = gather(layer_idx)
-                    out[off:off + n] = prefill_attention(q[off:off + n], keys_values, c.start, kv_heads, self.scaling)
-            hidden = hidden + linear(out.reshape(-1, heads * dim), w.o, w.o_bias)
-            gate, up = linear(rms_norm(hidden, w.post_norm, self.eps), w.gate_up).chunk(2, dim=-1)
-            hidden = hidden + linear(self.act(gate) * up, w.down)
-        last = [end for end, c in zip(ends, chunks) if c.wants_logits]
+            hidden, h = ops.add_norm(hidden, delta, w.input_norm)
+            qkv = linear(h, w.qkv, w.qkv_bias)
+            if w.q_norm is not None:
+                qkv = self.qk_norm(qkv, w)
+            hidden, h = ops.add_norm(hidden, linear(ops.attention(qkv, layer_idx), w.o, w.o_bias), w.post_norm)
+            delta = linear(ops.act_mul(linear(h, w.gate_up)), w.down)
+        hidden = hidden + delta
+        last = [end for end, c in zip(layout.ends, chunks) if c.wants_logits]
         if not last:
             return torch.empty(0, self.config.vocab_size)
-        picked = self.norm(hidden[torch.tensor(last, device=dev)])
+        picked = self.norm(hidden[torch.tensor(last, device=self.device)])
         return linear(picked, self.lm_head_weight, self.model.lm_head.bias).float()
 
     def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:

@@ -23,13 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-try:
-    import numba
-    from numba import njit, prange, types
-    from llvmlite import ir
-    from numba.extending import intrinsic, overload
-except ImportError:  # pragma: no cover - numba is a dependency; other devices fall back without it
-    numba = None
+from tritonllm.engine.numba_bf16 import as_numpy, numba
+
+if numba is not None:
+    from numba import njit, prange
+
+    from tritonllm.engine.numba_bf16 import as_float32, store
 
 SUPPORTED = (torch.bfloat16, torch.float32)
 
@@ -38,30 +37,7 @@ def available(dtype: torch.dtype, device: torch.device) -> bool:
     return numba is not None and device.type == "cpu" and dtype in SUPPORTED
 
 
-def as_numpy(pool: torch.Tensor) -> np.ndarray:
-    """A pool layer as the kernel reads it, no copy: bfloat16 as its 16-bit patterns."""
-    return pool.view(torch.int16).numpy().view(np.uint16) if pool.dtype == torch.bfloat16 else pool.numpy()
-
-
 if numba is not None:
-    @intrinsic
-    def _bf16_bits_as_float32(typingctx, bits):
-        """A bfloat16's 16 bits as the float32 they are the upper half of (an LLVM bitcast, which
-        the compiler vectorizes; Numba has no scalar bitcast)."""
-        def codegen(context, builder, signature, args):
-            wide = builder.shl(builder.zext(args[0], ir.IntType(32)), ir.Constant(ir.IntType(32), 16))
-            return builder.bitcast(wide, ir.FloatType())
-        return types.float32(types.uint16), codegen
-
-    def as_float32(x):  # noqa: ARG001 - what the overload below implements
-        """A pool element as float32: bfloat16 from its bits, float32 as it is."""
-
-    @overload(as_float32, inline="always")
-    def _as_float32(x):
-        if x == types.uint16:
-            return lambda x: _bf16_bits_as_float32(x)
-        return lambda x: np.float32(x)
-
     @njit(inline="always", fastmath=True)
     def exp_into(x, out, scale_bits, n):
         """out[:n] = exp(x[:n]) for x <= 0, in float32 (Cephes' expf: ~1 ulp), in a loop the compiler
@@ -82,10 +58,11 @@ if numba is not None:
         for k in range(n):
             out[k] *= powers[k]
 
-    @njit(parallel=True, fastmath=True, cache=True)
-    def _paged_decode(q, pool, tables, lengths, order, scale, out, scores):
+    @njit(parallel=True, fastmath=True, cache=True, nogil=True)
+    def _paged_decode(q, pool, tables, lengths, order, scale, out, out_rows, scores):
         """q (rows, kv_heads, group, dim) float32; pool (2 kv_heads, blocks, block_size, dim), keys
-        then values; tables (rows, blocks) int64; lengths (rows,) int64; out like q; scores
+        then values; tables (rows, blocks) int64; lengths (rows,) int64; out (>= rows, heads x dim),
+        float32 or bfloat16 bits (rounded), row r's result going to out[out_rows[r]]; scores
         (rows x kv_heads, group + 1, >= max length) float32, scratch. Array views are avoided in
         the loops: each one costs a reference count shared by all threads."""
         rows, kv_heads, group, dim = q.shape
@@ -123,9 +100,10 @@ if numba is not None:
                     p = s[g, k]
                     for d in range(dim):
                         acc[g, d] += p * as_float32(pool[kv_heads + h, block, offset, d])
+            row = out_rows[r]
             for g in range(group):
                 for d in range(dim):
-                    out[r, h, g, d] = acc[g, d]
+                    out[row, (h * group + g) * dim + d] = store(acc[g, d], out)
 
 
 def warm_up(dtype: torch.dtype) -> None:
@@ -149,13 +127,21 @@ class PagedDecode:
         tasks = np.arange(len(lengths) * num_kv_heads, dtype=np.int64)
         self.order = tasks[np.argsort(-np.repeat(self.lengths, num_kv_heads), kind="stable")]
         self.scaling = np.float32(scaling)
-        self.out = np.empty((len(lengths), num_kv_heads, group, head_dim), np.float32)
+        self.num_kv_heads = num_kv_heads
+        self.out = np.empty((len(lengths), num_kv_heads * group * head_dim), np.float32)
+        self.out_rows = np.arange(len(lengths), dtype=np.int64)
         self.scores = np.empty((len(lengths) * num_kv_heads, group + 1, max(lengths)), np.float32)
 
     def __call__(self, q: torch.Tensor, pool: np.ndarray) -> torch.Tensor:
         """q: (rows, heads, dim) of the decode rows; pool: `as_numpy` of the layer. Returns
         (rows, heads, dim) float32."""
-        queries = q.float().numpy().reshape(self.out.shape)
-        with numba.parallel_chunksize(1):  # tasks taken one at a time (see `order`)
-            _paged_decode(queries, pool, self.tables, self.lengths, self.order, self.scaling, self.out, self.scores)
+        queries = q.float().numpy().reshape(q.shape[0], self.num_kv_heads, -1, q.shape[-1])
+        self.run(queries, pool, self.out, self.out_rows)
         return torch.from_numpy(self.out).view(q.shape)
+
+    def run(self, queries: np.ndarray, pool: np.ndarray, out: np.ndarray, out_rows: np.ndarray) -> None:
+        """The kernel on float32 queries (rows, kv_heads, group, dim), each row's result into
+        out[out_rows[row]] (float32, or bfloat16 bits: rounded)."""
+        with numba.parallel_chunksize(1):  # tasks taken one at a time (see `order`)
+            _paged_decode(queries, pool, self.tables, self.lengths, self.order, self.scaling, out, out_rows,
+                          self.scores)

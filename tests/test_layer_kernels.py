@@ -1,0 +1,106 @@
+"""The compiled work between a layer's matmuls (engine/layer_kernels.py, CPU, bfloat16).
+
+Each kernel must give what the PyTorch path (step_ops.TorchOps) gives: the same bits where the
+model's ops are exact products and sums rounded to bf16 (residual add, rotary, the KV write), at
+most one bf16 step apart where a sum or an exp is computed in another order (norm, SiLU); and a
+row's result must not depend on the other rows of the call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tritonllm.engine import layer_kernels
+from tritonllm.engine.model_runner import Chunk, ModelRunner
+from tritonllm.engine.numba_bf16 import as_numpy
+from tritonllm.engine.step_ops import rms_norm
+from tritonllm.models import load_model
+
+pytestmark = pytest.mark.skipif(not layer_kernels.available(torch.bfloat16, torch.device("cpu"), "silu"),
+                                reason="numba missing")
+BF16 = torch.bfloat16
+
+
+def close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal but for rare values one bf16 step apart (2^-7 relative, with a floor for tiny values)."""
+    diff = (got.float() - want.float()).abs()
+    assert (diff <= want.float().abs() * 2 ** -7 + 1e-30).all(), diff.max()
+    assert (got != want).float().mean() < 1e-3
+
+
+def norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
+    hidden, out = hidden.clone(), torch.empty_like(hidden)
+    layer_kernels.add_rms_norm(as_numpy(hidden), None if delta is None else as_numpy(delta), as_numpy(weight),
+                               1e-5, as_numpy(out))
+    return hidden, out
+
+
+def test_add_rms_norm_adds_exactly_and_normalises_as_the_model_does():
+    torch.manual_seed(0)
+    hidden, delta = (torch.randn(300, 576) * 4).to(BF16), torch.randn(300, 576).to(BF16)
+    weight = torch.randn(576).to(BF16)
+    summed, normed = norm(hidden, delta, weight)
+    assert torch.equal(summed, hidden + delta)  # the residual add: PyTorch's bits
+    close_in_bf16(normed, rms_norm(hidden + delta, weight, 1e-5))
+    untouched, first = norm(hidden, None, weight)  # the first layer: no residual yet
+    assert torch.equal(untouched, hidden)
+    close_in_bf16(first, rms_norm(hidden, weight, 1e-5))
+    for row in (0, 7, 299):  # a row alone gets the bits it gets among 300
+        alone = norm(hidden[row:row + 1], delta[row:row + 1], weight)[1]
+        assert torch.equal(alone[0], normed[row])
+
+
+def test_silu_mul_is_the_gated_activation():
+    torch.manual_seed(1)
+    gate_up = (torch.randn(100, 2 * 1536) * 3).to(BF16)
+    out = torch.empty(100, 1536, dtype=BF16)
+    layer_kernels.silu_mul(as_numpy(gate_up), as_numpy(out))
+    gate, up = gate_up.chunk(2, dim=-1)
+    close_in_bf16(out, F.silu(gate) * up)
+    alone = torch.empty(1, 1536, dtype=BF16)
+    layer_kernels.silu_mul(as_numpy(gate_up[41:42].contiguous()), as_numpy(alone))
+    assert torch.equal(alone[0], out[41])
+
+
+def test_rotate_and_store_rotates_q_and_k_and_writes_the_pool_as_pytorch_does():
+    model, _ = load_model("bundled", "cpu", BF16)
+    runner = ModelRunner(model, 4, 256)
+    heads, kv_heads, dim = runner.num_heads, runner.num_kv_heads, runner.head_dim
+    torch.manual_seed(2)
+    tokens = 6
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * dim) * 2).to(BF16)
+    positions = torch.tensor([0, 5, 63, 64, 130, 255])
+    write_index = torch.tensor([65, 70, 128, 200, 3, 250])
+    decode_of = torch.tensor([-1, 0, -1, -1, 1, -1])
+    q_out = torch.empty(tokens, heads * dim, dtype=BF16)
+    q_decode = torch.empty(2, heads * dim)
+    pool = torch.zeros(2 * kv_heads, 8 * 64, dim, dtype=BF16)
+    layer_kernels.rotate_and_store(as_numpy(qkv), runner.rotary_cos, runner.rotary_sin, positions.numpy(),
+                                   write_index.numpy(), as_numpy(pool), as_numpy(q_out), decode_of.numpy(),
+                                   q_decode.numpy(), heads)
+    cos, sin = runner.rotary.at(positions)
+    rows = qkv.view(tokens, -1, dim)
+    want = rows * cos + rows.roll(dim // 2, -1) * sin  # the PyTorch path's rotary
+    assert torch.equal(q_out.view(tokens, heads, dim), want[:, :heads])
+    assert torch.equal(pool[:, write_index].transpose(0, 1), want[:, heads:])  # k rotated, v as it came
+    assert torch.equal(q_decode, q_out[[1, 4]].float())
+
+
+def test_the_runner_gives_the_same_answers_with_kernels_and_with_pytorch_ops():
+    model, tokenizer = load_model("bundled", "cpu", BF16)
+    runner = ModelRunner(model, 4, 512)
+    assert runner.cpu_kernels
+    prompts = [tokenizer.encode("What is the capital of France? " * k) for k in (1, 4, 9)]
+
+    def logits(kernels: bool):
+        runner.cpu_kernels = kernels
+        blocks = [runner.slot_blocks(i) for i in range(len(prompts))]
+        prefill = runner.forward([Chunk(b, p, 0, True) for b, p in zip(blocks, prompts)])
+        decode = runner.forward([Chunk(b, [1017], len(p), True, len(p)) for b, p in zip(blocks, prompts)])
+        return prefill, decode
+
+    for got, want in zip(logits(True), logits(False)):
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert (got - want).abs().max() < 0.5
