@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from tritonllm.engine import layer_kernels
 from tritonllm.engine.model_runner import Chunk, ModelRunner
-from tritonllm.engine.numba_bf16 import as_numpy
+from tritonllm.engine.numba_helpers import as_numpy
 from tritonllm.engine.step_ops import rms_norm
 from tritonllm.models import load_model
 

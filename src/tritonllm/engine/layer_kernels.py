@@ -23,14 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tritonllm.engine.numba_bf16 import numba
+from tritonllm.engine.numba_helpers import numba
 
 if numba is not None:
-    from llvmlite import ir
-    from numba import njit, prange, types
-    from numba.extending import intrinsic
+    from numba import njit, prange
 
-    from tritonllm.engine.numba_bf16 import as_float32, to_bf16
+    from tritonllm.engine.numba_helpers import as_float32, expf, to_bf16
 
 
 def available(dtype: torch.dtype, device: torch.device, activation: str) -> bool:
@@ -38,27 +36,6 @@ def available(dtype: torch.dtype, device: torch.device, activation: str) -> bool
 
 
 if numba is not None:
-    @intrinsic
-    def _bits_as_float32(typingctx, bits):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-        return types.float32(types.uint32), codegen
-
-    @njit(inline="always", fastmath=True)
-    def expf(x):
-        """exp(x) in float32 (Cephes' expf, ~1 ulp; inputs clamped to [-87, 88]), inline so that a
-        loop of it vectorizes (np.exp is a libm call per element)."""
-        v = min(max(x, np.float32(-87.0)), np.float32(88.0))
-        whole = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
-        r = v - whole * np.float32(0.693359375) + whole * np.float32(2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        return (p * r * r + r + np.float32(1.0)) * _bits_as_float32(np.uint32(np.int32(whole) + 127) << 23)
-
     @njit(parallel=True, fastmath=True, cache=True, nogil=True)
     def _add_rms_norm(hidden, delta, weight, eps, out, add):
         """hidden (rows, width) += delta (if `add`), in place; out = weight * rms_norm(hidden), each

@@ -32,7 +32,7 @@ from tritonllm.engine import layer_kernels, paged_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.linear import linear, nbytes, prepare
-from tritonllm.engine.numba_bf16 import as_numpy
+from tritonllm.engine.numba_helpers import as_numpy
 from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tritonllm.engine import layer_kernels
 from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.kv_cache import KVGather
-from tritonllm.engine.numba_bf16 import as_numpy
+from tritonllm.engine.numba_helpers import as_numpy
 from tritonllm.engine.paged_attention import PagedDecode
 from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
 

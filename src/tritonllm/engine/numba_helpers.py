@@ -1,4 +1,4 @@
-"""bfloat16 inside Numba-compiled loops: the one place that reads and writes its bits.
+"""What the Numba-compiled CPU kernels share: bfloat16 bits, and an exp that vectorizes.
 
 NumPy has no bfloat16, so the CPU kernels (paged_attention.py, layer_kernels.py) see a bf16 tensor
 as its 16-bit patterns (`as_numpy`). A pattern is the upper half of the float32 it stands for, so
@@ -36,6 +36,13 @@ if numba is not None:
         return types.float32(types.uint16), codegen
 
     @intrinsic
+    def _bits_as_float32(typingctx, bits):
+        """32 bits as the float32 they encode (an LLVM bitcast)."""
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return types.float32(types.uint32), codegen
+
+    @intrinsic
     def _float32_bits(typingctx, x):
         """A float32's 32 bits as an unsigned integer (an LLVM bitcast)."""
         def codegen(context, builder, signature, args):
@@ -65,3 +72,18 @@ if numba is not None:
         if out.dtype == types.uint16:
             return lambda x, out: to_bf16(x)
         return lambda x, out: np.float32(x)
+
+    @njit(inline="always", fastmath=True)
+    def expf(x):
+        """exp(x) in float32 (Cephes' expf, ~1 ulp; inputs clamped to [-87, 88]), inline so that a
+        loop of it vectorizes (np.exp is a libm call per element)."""
+        v = min(max(x, np.float32(-87.0)), np.float32(88.0))
+        whole = np.floor(v * np.float32(1.44269504088896341) + np.float32(0.5))
+        r = v - whole * np.float32(0.693359375) + whole * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        return (p * r * r + r + np.float32(1.0)) * _bits_as_float32(np.uint32(np.int32(whole) + 127) << 23)
