@@ -62,3 +62,30 @@ def test_float32_and_other_devices_keep_the_plain_weight():
     assert isinstance(prepare(weight, "none", rows_hint=8), torch.Tensor)  # float32: F.linear, the model's own
     assert not prepack_enabled(torch.float32, torch.device("cpu"))
     assert not prepack_enabled(torch.bfloat16, torch.device("cuda"))
+
+
+def test_call_ranges_keep_a_prompt_tile_whole_and_cut_free_rows_at_the_block():
+    from tritonllm.engine.linear import call_ranges
+
+    assert call_ranges([(i, i + 1) for i in range(70)], 32) == [(0, 32), (32, 64), (64, 70)]  # decode rows
+    # two decode rows, a tile of 48 prompt rows (its own call), 14 more prompt rows and a decode row
+    assert call_ranges([(0, 1), (1, 2), (2, 50), (50, 64), (64, 65)], 32) == [(0, 2), (2, 50), (50, 65)]
+    assert call_ranges([(0, 64), (64, 128), (128, 140), (140, 141)], 32) == [(0, 64), (64, 128), (128, 141)]
+    assert call_ranges([(0, 1), (1, 2)], None) is None  # no limit: one call
+
+
+def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
+    """Rows cut by `call_ranges` get the same bits whatever rows share the step: a tile alone against
+    the same tile after decode rows and before another tile."""
+    from tritonllm.engine.linear import call_ranges
+
+    fan_in, fan_out = bundled_linear_shapes()["gate_up"]
+    torch.manual_seed(1)
+    weight = prepare((torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16), "none", rows_hint=8)
+    tile = torch.randn(50, fan_in).to(torch.bfloat16)
+    others = torch.randn(100, fan_in).to(torch.bfloat16)
+    block = 32  # AMX's limit; any other CPU keeps bits at any row count
+    alone = linear(tile, weight, calls=call_ranges([(0, 50)], block))
+    step = torch.cat([others[:7], tile, others[7:71]])
+    groups = [(i, i + 1) for i in range(7)] + [(7, 57), (57, 121)]
+    assert torch.equal(linear(step, weight, calls=call_ranges(groups, block))[7:57], alone)

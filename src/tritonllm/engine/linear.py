@@ -10,8 +10,11 @@
   copied: oneDNN reads it twice; 15 us less a call than `repeat` here, the same bits).
   With AMX (Intel) oneDNN picks its kernel and blocking by the row count: a row gets the bits it
   gets alone only in calls of at most 32 rows here (measured on the model's shapes; without AMX,
-  any count). So where the CPU has AMX, calls of more rows are cut into calls of 32 (a 256-row prefill
-  chunk's matmuls take ~2.5x as long in calls of 32; decode steps of <= 32 rows pay nothing).
+  any count). So where the CPU has AMX, a step's rows are cut into calls that give every row the
+  same bits whatever shares the step (`call_ranges`): each tile of a prompt's rows (the same rows
+  whenever it is computed) is a call, and decode rows go in calls of at most 32. A 1,024-token
+  prompt took 418 ms so, 487 ms in calls of 32 rows, 339 ms in one call a chunk (not invariant);
+  decode steps of <= 32 rows pay nothing.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
   the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
@@ -80,13 +83,39 @@ def nbytes(weight) -> int:
     return weight.numel() * weight.element_size()
 
 
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias."""
+def call_ranges(groups: list[tuple[int, int]], block: int | None) -> list[tuple[int, int]] | None:
+    """Row ranges, one matmul call each, for rows in consecutive `groups` (a group: rows that are
+    always computed together, such as a prompt tile's): groups of at most `block` rows are merged
+    into calls of at most `block` (every row gets its lone bits there); a larger group is a call of
+    its own, always the same rows, so the same bits. None: no limit (one call)."""
+    if block is None:
+        return None
+    calls, start, end = [], 0, 0
+    for first, last in groups:
+        if last - first > block or last - start > block:
+            if end > start:
+                calls.append((start, end))
+            start = first
+        end = last
+        if last - first > block:
+            calls.append((first, last))
+            start = last
+    if end > start:
+        calls.append((start, end))
+    return calls
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
+           calls: list[tuple[int, int]] | None = None) -> torch.Tensor:
+    """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias. `calls`: how to cut
+    the rows where the weight keeps rows' bits only in short calls (`call_ranges`; default: calls
+    of `row_block` rows)."""
     if isinstance(weight, PackedWeight):
         block = weight.row_block
         if block is None or x.shape[0] <= block:
             return _packed_call(x, weight.packed, bias)
-        return torch.cat([_packed_call(x[i:i + block], weight.packed, bias) for i in range(0, x.shape[0], block)])
+        calls = calls or [(i, min(i + block, x.shape[0])) for i in range(0, x.shape[0], block)]
+        return torch.cat([_packed_call(x[first:last], weight.packed, bias) for first, last in calls])
     if isinstance(weight, Int8Weight):
         out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
         return out if bias is None else out + bias

@@ -31,7 +31,7 @@ import torch
 from tritonllm.engine import layer_kernels, paged_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
-from tritonllm.engine.linear import linear, nbytes, prepare
+from tritonllm.engine.linear import call_ranges, linear, nbytes, prepare
 from tritonllm.engine.numba_helpers import as_numpy
 from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.quantization import resolve_quantization
@@ -96,6 +96,7 @@ class ModelRunner:
                                      for name in ("qkv", "o", "gate_up", "down")})
                        for w in map(fuse_layer, base.layers)]
         self.lm_head_weight = prepare(model.lm_head.weight, self.quantization, num_slots)
+        self.row_block = getattr(self.lm_head_weight, "row_block", None)  # every prepared weight's
         # What a decode step streams from memory at least: every matmul weight once.
         self.weight_bytes = nbytes(self.lm_head_weight) + sum(
             nbytes(getattr(w, name)) for w in self.layers for name in ("qkv", "o", "gate_up", "down"))
@@ -142,6 +143,12 @@ class ModelRunner:
             prefill, decodes = c.paths(first)
             if prefill is not None:
                 step.prompt_chunks.append((*prefill, c))
+                row, end = prefill[0], prefill[0] + prefill[1]
+                while row < end:  # the prompt's tiles (prefill_attention.py): always the same rows
+                    tile_end = min(end, row + PREFILL_TILE - (c.start + row - first) % PREFILL_TILE)
+                    step.row_groups.append((row, tile_end))
+                    row = tile_end
+            step.row_groups.extend((row, row + 1) for row in decodes)
             for row in decodes:
                 step.decode_rows.append(row)
                 step.decode_lengths.append(c.start + row - first + 1)
@@ -165,14 +172,15 @@ class ModelRunner:
         """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
         layout = self.layout(chunks)
         ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
+        calls = call_ranges(layout.row_groups, self.row_block)  # how the matmuls cut the rows (linear.py)
         hidden, delta = self.embed(torch.tensor(layout.ids, device=self.device)), None  # (T, hidden)
         for layer_idx, w in enumerate(self.layers):
             hidden, h = ops.add_norm(hidden, delta, w.input_norm)
-            qkv = linear(h, w.qkv, w.qkv_bias)
+            qkv = linear(h, w.qkv, w.qkv_bias, calls)
             if w.q_norm is not None:
                 qkv = self.qk_norm(qkv, w)
-            hidden, h = ops.add_norm(hidden, linear(ops.attention(qkv, layer_idx), w.o, w.o_bias), w.post_norm)
-            delta = linear(ops.act_mul(linear(h, w.gate_up)), w.down)
+            hidden, h = ops.add_norm(hidden, linear(ops.attention(qkv, layer_idx), w.o, w.o_bias, calls), w.post_norm)
+            delta = linear(ops.act_mul(linear(h, w.gate_up, calls=calls)), w.down, calls=calls)
         hidden = hidden + delta
         last = [end for end, c in zip(layout.ends, chunks) if c.wants_logits]
         if not last:

@@ -39,6 +39,7 @@ class StepLayout:
     decode_rows: list[int] = field(default_factory=list)
     decode_lengths: list[int] = field(default_factory=list)
     decode_tables: list[list[int]] = field(default_factory=list)
+    row_groups: list[tuple[int, int]] = field(default_factory=list)  # consecutive: a prompt tile's rows, or one row
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
