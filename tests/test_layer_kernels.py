@@ -104,3 +104,19 @@ def test_the_runner_gives_the_same_answers_with_kernels_and_with_pytorch_ops():
     for got, want in zip(logits(True), logits(False)):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         assert (got - want).abs().max() < 0.5
+
+
+def test_a_runner_compiles_every_kernel_before_its_first_step():
+    """A kernel compiled in a request's step would hold that step for seconds (no disk cache yet)."""
+    from tritonllm.engine import paged_attention
+
+    model, tokenizer = load_model("tiny", "cpu", BF16)
+    runner = ModelRunner(model, 4, 256)
+    kernels = [layer_kernels._add_rms_norm, layer_kernels._rotate_and_store, layer_kernels._silu_mul,
+               paged_attention._paged_decode]
+    compiled = [len(k.signatures) for k in kernels]
+    ids = tokenizer.encode("hello there " * 20)
+    runner.forward([Chunk(runner.slot_blocks(0), ids, 0, True)])
+    runner.forward([Chunk(runner.slot_blocks(0), [5], len(ids), True, len(ids)),
+                    Chunk(runner.slot_blocks(1), ids[:70], 0, True)])  # a decode row beside a prompt
+    assert [len(k.signatures) for k in kernels] == compiled

@@ -89,8 +89,11 @@ if numba is not None:
 def warm_up(dtype: torch.dtype) -> None:
     """Compile (or load from Numba's cache) the kernel for a pool of `dtype` now, not in the first
     request's step (3-5 s to compile here, ~0.2 s to load)."""
-    pool = torch.zeros(2, 2, 16, 16, dtype=dtype)
-    PagedDecode([1], [[1]], 1, 1, 16, 1.0)(torch.zeros(1, 1, 16, dtype=dtype), as_numpy(pool))
+    pool = as_numpy(torch.zeros(2, 2, 16, 16, dtype=dtype))
+    decode = PagedDecode([1], [[1]], 1, 1, 16, 1.0)
+    decode(torch.zeros(1, 1, 16, dtype=dtype), pool)  # results in float32 (the PyTorch path's)
+    if dtype == torch.bfloat16:  # and rounded into a bf16 buffer (layer_kernels.py's path)
+        decode.run(np.zeros((1, 1, 1, 16), np.float32), pool, np.zeros((1, 16), np.uint16), decode.out_rows)
 
 
 class PagedDecode:
