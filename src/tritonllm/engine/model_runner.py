@@ -5,7 +5,9 @@ in fewer, larger ops: q|k|v and gate|up are one matmul each (fused_weights.py), 
 come from tables made once by the model's rotary module (rotary.py), and each layer stores its
 new keys and values with one write. Every matmul goes through linear.py, which picks the kernel
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
-`F.linear` in float32, bit-equal to the model's own). In float32 greedy answers equal the
+`F.linear` in float32, bit-equal to the model's own), in calls cut by the step's row groups where
+AMX needs it (`call_ranges`). The work between the matmuls is step_ops.py's: compiled loops on CPU
+in bf16 (layer_kernels.py), PyTorch ops elsewhere. In float32 greedy answers equal the
 model's own `generate` token for token (tested). Attention and the KV cache are ours: keys and
 values live in fixed-size blocks (`PagedKVCache`), each sequence in the blocks of its table (the
 scheduler's block_manager.py hands them out); prompt rows attend over their sequence's keys in

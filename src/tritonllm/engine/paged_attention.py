@@ -11,12 +11,14 @@ attention of vLLM and llama.cpp, written in Python and compiled by Numba:
   place, up to its own length: no gather, no padding, no mask;
 - the query heads sharing a KV head are computed together, so each key and value is read once;
 - keys are read block by block (one table read per block, no division per key: 10-20 % off);
-- keys, values and the softmax are widened to float32, as the flash kernel does, and the result is
-  rounded to the queries' dtype by the caller;
+- keys, values and the softmax are widened to float32, as the flash kernel does; the result is
+  stored in float32 (the caller rounds it) or rounded to bf16 as it is stored (layer_kernels.py's
+  path, into the step's buffer);
 - a row's result depends on its own query, keys and length only: nothing about the other rows or
   the step changes how it is summed (batch invariance by construction, tested).
 
-Compiled once per dtype of the pool (bfloat16 as its bits, float32), cached on disk by Numba.
+Compiled once per dtype of the pool (bfloat16 as its bits, float32) and of the output, cached on
+disk by Numba; `warm_up` compiles every variant a runner uses before its first step.
 """
 
 from __future__ import annotations
