@@ -181,3 +181,23 @@ def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_mo
             ref = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  max_new_tokens=16, min_new_tokens=16, do_sample=False)[0, len(ids):]
         assert out.token_ids == ref.tolist()
+
+
+@pytest.mark.skipif(not available(torch.float32, CPU), reason="numba is a dependency; without it no paged kernel")
+def test_the_paged_kernel_prefetches_each_rows_own_keys_then_values():
+    # the prefetch hints follow a row's keys through its block table, then its values, then stop:
+    # a wrong address costs only speed, so it is checked here
+    from tritonllm.engine.paged_attention import _stream_index
+
+    kv_heads, blocks, block_size, dim = 2, 7, 4, 8
+    pool = torch.arange(2 * kv_heads * blocks * block_size * dim).view(2 * kv_heads, blocks, block_size, dim)
+    tables = torch.tensor([[5, 2, 6], [3, 1, 0]]).numpy()
+    head_elems = blocks * block_size * dim
+    flat = pool.reshape(-1)
+    for row, n in ((0, 10), (1, 5)):
+        for h in range(kv_heads):
+            stream = [_stream_index(tables, row, pos, n, h, kv_heads, head_elems, block_size, dim) for pos in range(2 * n + 3)]
+            expected = [pool[kind * kv_heads + h, tables[row, k // block_size], k % block_size, 0].item()
+                        for kind in (0, 1) for k in range(n)]
+            assert [flat[i].item() for i in stream[:2 * n]] == expected
+            assert stream[2 * n:] == [-1, -1, -1]

@@ -1,4 +1,5 @@
-"""What the Numba-compiled CPU kernels share: bfloat16 bits, and an exp that vectorizes.
+"""What the Numba-compiled CPU kernels share: bfloat16 bits, an exp that vectorizes, and a
+prefetch hint.
 
 NumPy has no bfloat16, so the CPU kernels (paged_attention.py, layer_kernels.py) see a bf16 tensor
 as its 16-bit patterns (`as_numpy`). A pattern is the upper half of the float32 it stands for, so
@@ -57,6 +58,26 @@ if numba is not None:
         if x == types.uint16:
             return lambda x: _bf16_bits_as_float32(x)
         return lambda x: np.float32(x)
+
+    @intrinsic
+    def _prefetch(typingctx, flat, index):
+        """Ask the CPU to bring flat[index]'s cache line in (llvm.prefetch: a read, kept in every
+        level). Only a hint: an address past the array is never touched."""
+        def codegen(context, builder, signature, args):
+            array = context.make_array(signature.args[0])(context, builder, args[0])
+            address = builder.bitcast(builder.gep(array.data, [args[1]]), ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            hint = builder.module.declare_intrinsic(
+                "llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]))
+            builder.call(hint, [address, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+            return context.get_dummy_value()
+        return types.void(flat, types.intp), codegen
+
+    @njit(inline="always")
+    def prefetch(flat, index, count):
+        """Prefetch the cache lines of flat[index:index + count] (flat: a 1-d C-contiguous array)."""
+        for offset in range(0, count, max(1, 64 // flat.itemsize)):
+            _prefetch(flat, index + offset)
 
     @njit(inline="always")
     def to_bf16(x):
