@@ -10,7 +10,10 @@ these shared cores: the same direct run gave 156 and 216 tok/s five minutes apar
     tritonllm-bench-front --users 64 --rounds 3
 
 Only requests that start and end while both halves run are counted. Prints each half's output
-tokens/s and median TTFT, and front / direct. A benchmark, not a test: minutes of CPU.
+tokens/s and median TTFT, and front / direct, per round and pooled over the rounds: a round's
+median TTFT difference moves by +-8 ms on these cores (the moment in the engine's step at which
+each request lands), so the pooled line gives the difference of the medians over every round's
+requests with a 95 % bootstrap interval. A benchmark, not a test: minutes of CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from tritonllm.openai.process import OpenAIFront
 from tritonllm.server.launcher import TritonServer, find_free_ports
@@ -59,10 +64,30 @@ def side_by_side(halves: dict[str, list[Sample]]) -> dict:
         inside = [s for s in samples if s.ok and s.ttft is not None and s.start >= lo and s.end <= hi]
         if not inside:
             raise SystemExit(f"error: no {via} request ran inside the common window; give more --requests-per-user")
-        out[via] = {"requests": len(inside), "tokens_per_s": sum(s.output_tokens for s in inside) / (hi - lo),
-                    "ttft_p50": statistics.median(s.ttft for s in inside)}
+        out[via] = {"requests": len(inside), "tokens": sum(s.output_tokens for s in inside),
+                    "tokens_per_s": sum(s.output_tokens for s in inside) / (hi - lo),
+                    "ttft_p50": statistics.median(s.ttft for s in inside), "ttfts": [s.ttft for s in inside]}
     out["tokens_ratio"] = out["openai"]["tokens_per_s"] / out["triton"]["tokens_per_s"]
     out["ttft_p50_delta"] = out["openai"]["ttft_p50"] - out["triton"]["ttft_p50"]
+    return out
+
+
+def pooled(rounds: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
+    """The rounds of one user count together: each half's tokens over the summed windows, the
+    difference of the medians of all counted TTFTs, and its 95 % bootstrap interval (each half's
+    TTFTs resampled with replacement)."""
+    window = sum(r["window_s"] for r in rounds)
+    out = {"rounds": len(rounds)}
+    for via in HALVES:
+        out[via] = {"requests": sum(r[via]["requests"] for r in rounds),
+                    "tokens_per_s": sum(r[via]["tokens"] for r in rounds) / window,
+                    "ttft_p50": statistics.median(t for r in rounds for t in r[via]["ttfts"])}
+    out["tokens_ratio"] = out["openai"]["tokens_per_s"] / out["triton"]["tokens_per_s"]
+    out["ttft_p50_delta"] = out["openai"]["ttft_p50"] - out["triton"]["ttft_p50"]
+    rng = np.random.default_rng(seed)
+    medians = {via: np.median(rng.choice(np.array([t for r in rounds for t in r[via]["ttfts"]]),
+                                         (resamples, out[via]["requests"])), axis=1) for via in HALVES}
+    out["ttft_p50_delta_ci95"] = tuple(float(x) for x in np.percentile(medians["openai"] - medians["triton"], [2.5, 97.5]))
     return out
 
 
@@ -88,6 +113,13 @@ def markdown(results: list[dict], args) -> list[str]:
                      f"{r['openai']['tokens_per_s']:.1f} | **{r['tokens_ratio']:.2f}x** | "
                      f"{r['triton']['ttft_p50'] * 1000:.1f} | {r['openai']['ttft_p50'] * 1000:.1f} | "
                      f"**{r['ttft_p50_delta'] * 1000:+.1f}** |")
+    for users in dict.fromkeys(r["users"] for r in results):
+        p = pooled([r for r in results if r["users"] == users])
+        lo, hi = p["ttft_p50_delta_ci95"]
+        lines.append(f"| {users} | pooled ({p['rounds']}) | {p['triton']['tokens_per_s']:.1f} | "
+                     f"{p['openai']['tokens_per_s']:.1f} | **{p['tokens_ratio']:.2f}x** | "
+                     f"{p['triton']['ttft_p50'] * 1000:.1f} | {p['openai']['ttft_p50'] * 1000:.1f} | "
+                     f"**{p['ttft_p50_delta'] * 1000:+.1f}** (95 %: {lo * 1000:+.1f} to {hi * 1000:+.1f}) |")
     return lines
 
 
