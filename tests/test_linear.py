@@ -89,3 +89,33 @@ def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
     step = torch.cat([others[:7], tile, others[7:71]])
     groups = [(i, i + 1) for i in range(7)] + [(7, 57), (57, 121)]
     assert torch.equal(linear(step, weight, calls=call_ranges(groups, block))[7:57], alone)
+
+
+@pytest.mark.skipif(not prepack_enabled(torch.bfloat16, torch.device("cpu")), reason="oneDNN is part of CPU PyTorch")
+def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkeypatch):
+    """`batch_invariant: false` trades the cut calls for one matmul call a weight a step (rows limited
+    to 4 a call here, as AMX limits them to 32, so that any CPU shows the cut)."""
+    from dataclasses import replace
+
+    from tritonllm.engine import linear as linear_module
+    from tritonllm.engine.model_runner import Chunk, ModelRunner
+    from tritonllm.models import load_model
+
+    model, _ = load_model("tiny", "cpu", torch.bfloat16)
+    calls = []
+    real = linear_module._packed_call
+    monkeypatch.setattr(linear_module, "_packed_call", lambda x, packed, bias: calls.append(x.shape[0]) or real(x, packed, bias))
+    results = {}
+    for invariant in (True, False):
+        runner = ModelRunner(model, 8, 256, batch_invariant=invariant)
+        runner.layers = [replace(w, **{n: replace(getattr(w, n), row_block=4) for n in ("qkv", "o", "gate_up", "down")})
+                         for w in runner.layers]
+        runner.row_block = 4
+        chunks = [Chunk(runner.slot_blocks(i), [5 + i], 7, True) for i in range(6)]
+        runner.forward(chunks)  # the keys the step attends to (any values: the same in both runs)
+        calls.clear()
+        results[invariant] = runner.forward(chunks)
+        per_weight = len(calls) - 1  # the lm_head is one call of the 6 rows wanting logits
+        results[invariant, "calls"] = per_weight / (4 * len(runner.layers))
+    assert results[True, "calls"] == 2 and results[False, "calls"] == 1  # 6 rows: 4 + 2, or all 6
+    torch.testing.assert_close(results[True], results[False], atol=0.1, rtol=0.05)  # the same model either way

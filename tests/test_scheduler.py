@@ -367,9 +367,10 @@ def test_unknown_batch_policy_is_named():
 def test_config_from_model_parameters():
     cfg = SchedulerConfig.from_parameters({"max_num_seqs": "32", "block_size": "128", "num_kv_blocks": "500",
                                            "kv_cache_memory_gb": "1.5", "enable_prefix_caching": "false",
-                                           "max_queue_size": "7"})  # not an engine knob: ignored here
+                                           "batch_invariant": "false", "max_queue_size": "7"})  # the last: not an engine knob
     assert (cfg.max_num_seqs, cfg.block_size, cfg.num_kv_blocks, cfg.kv_cache_memory_gb) == (32, 128, 500, 1.5)
     assert cfg.enable_prefix_caching is False and cfg.max_model_len == SchedulerConfig().max_model_len
+    assert cfg.batch_invariant is False and SchedulerConfig().batch_invariant is True
     assert cfg.pool_blocks == 501  # the null block too
     assert SchedulerConfig.from_parameters({"max_num_seqs": "32"}, max_num_seqs=4).max_num_seqs == 4
     with pytest.raises(ValueError, match="enable_prefix_caching"):

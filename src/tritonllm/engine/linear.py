@@ -115,6 +115,8 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
         if block is None or x.shape[0] <= block:
             return _packed_call(x, weight.packed, bias)
         calls = calls or [(i, min(i + block, x.shape[0])) for i in range(0, x.shape[0], block)]
+        if len(calls) == 1:  # all rows in one call (the runner without batch invariance)
+            return _packed_call(x, weight.packed, bias)
         return torch.cat([_packed_call(x[first:last], weight.packed, bias) for first, last in calls])
     if isinstance(weight, Int8Weight):
         out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)

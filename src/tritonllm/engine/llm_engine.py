@@ -58,7 +58,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.scheduler = Scheduler(self.config, chunk_align=PREFILL_TILE)
         self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization,
-                                  self.config.pool_blocks, self.config.block_size)
+                                  self.config.pool_blocks, self.config.block_size, self.config.batch_invariant)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)
         self.stats = EngineStats()

@@ -82,9 +82,11 @@ def check_supported(config) -> None:
 
 class ModelRunner:
     def __init__(self, model, num_slots: int, max_model_len: int, quantization: str | None = None,
-                 num_blocks: int = 0, block_size: int = 64):
+                 num_blocks: int = 0, block_size: int = 64, batch_invariant: bool = True):
         """num_slots: rows of a decode step at most (max_num_seqs); num_blocks: KV blocks of the pool
-        with the null block (0: room for num_slots sequences of max_model_len, see `slot_blocks`)."""
+        with the null block (0: room for num_slots sequences of max_model_len, see `slot_blocks`);
+        batch_invariant: cut the matmuls' rows where the kernel needs it for every row to get the same
+        bits in any step (`call_ranges`); false: one call a weight a step."""
         check_supported(model.config)
         self.model = model
         self.config = model.config
@@ -98,6 +100,7 @@ class ModelRunner:
                                      for name in ("qkv", "o", "gate_up", "down")})
                        for w in map(fuse_layer, base.layers)]
         self.lm_head_weight = prepare(model.lm_head.weight, self.quantization, num_slots)
+        self.batch_invariant = batch_invariant
         self.row_block = getattr(self.lm_head_weight, "row_block", None)  # every prepared weight's
         # What a decode step streams from memory at least: every matmul weight once.
         self.weight_bytes = nbytes(self.lm_head_weight) + sum(
@@ -174,7 +177,8 @@ class ModelRunner:
         """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
         layout = self.layout(chunks)
         ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
-        calls = call_ranges(layout.row_groups, self.row_block)  # how the matmuls cut the rows (linear.py)
+        # How the matmuls cut the rows (linear.py): for batch invariance, or all in one call.
+        calls = call_ranges(layout.row_groups, self.row_block) if self.batch_invariant else [(0, len(layout.ids))]
         hidden, delta = self.embed(torch.tensor(layout.ids, device=self.device)), None  # (T, hidden)
         for layer_idx, w in enumerate(self.layers):
             hidden, h = ops.add_norm(hidden, delta, w.input_norm)

@@ -44,6 +44,10 @@ class SchedulerConfig:
     num_kv_blocks: int = 0
     kv_cache_memory_gb: float = 0.0
     enable_prefix_caching: bool = True
+    # Every row's bits independent of what shares its step (README "Batch invariance"). On CPUs with
+    # AMX it costs matmul calls (linear.py's call_ranges); false: one call a weight a step, as vLLM
+    # runs unless VLLM_BATCH_INVARIANT is set (a prefix-cache hit is then close to a cold prefill, not equal).
+    batch_invariant: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_policy not in ("continuous", "request"):
