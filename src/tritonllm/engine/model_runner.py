@@ -192,7 +192,8 @@ class ModelRunner:
         if not last:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=self.device)])
-        return linear(picked, self.lm_head_weight, self.model.lm_head.bias).float()
+        whole = None if self.batch_invariant else [(0, len(last))]  # None: calls of row_block rows
+        return linear(picked, self.lm_head_weight, self.model.lm_head.bias, whole).float()
 
     def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:
         """One decode step for every slot at the given lengths: the runner's speed limit (benchmarks)."""
