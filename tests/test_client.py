@@ -257,16 +257,29 @@ def test_chat_exits_at_end_of_input(triton_server, capsys, monkeypatch):
 
 # --- Ctrl-C -----------------------------------------------------------------------------------
 
+def _start_with_sigint_catchable(argv: list[str]) -> subprocess.Popen:
+    """Start argv with SIGINT at its default, as from a terminal.
+
+    A shell starts a background job (`cmd &`, no job control) with SIGINT ignored; its children
+    inherit that and Python then installs no KeyboardInterrupt handler, so Ctrl-C would do nothing.
+    A caught handler is reset to the default across exec, an ignored one is not: catch it here
+    while the child starts.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_ctrl_c_cancels_the_request_on_the_server(triton_server, protocol):
     url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
     wait_for_metric(triton_server, "tritonllm_num_requests_running", 0)
     tokens_before = metric(triton_server, "tritonllm_generation_tokens_total")
     hold = 10  # the request cannot finish by itself (test-only fault): it runs until Ctrl-C cancels it
-    proc = subprocess.Popen([str(CLIENT), "generate", hold_prompt(hold, "Once upon a time"), "--max-tokens", "1500",
-                             "--ignore-eos",
-                             "--protocol", protocol, "--url", url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _start_with_sigint_catchable([str(CLIENT), "generate", hold_prompt(hold, "Once upon a time"),
+                                         "--max-tokens", "1500", "--ignore-eos", "--protocol", protocol, "--url", url])
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         assert ready, "no token within 60 s"
