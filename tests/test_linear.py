@@ -67,11 +67,21 @@ def test_float32_and_other_devices_keep_the_plain_weight():
 def test_call_ranges_keep_a_prompt_tile_whole_and_cut_free_rows_at_the_block():
     from tritonllm.engine.linear import call_ranges
 
-    assert call_ranges([(i, i + 1) for i in range(70)], 32) == [(0, 32), (32, 64), (64, 70)]  # decode rows
-    # two decode rows, a tile of 48 prompt rows (its own call), 14 more prompt rows and a decode row
-    assert call_ranges([(0, 1), (1, 2), (2, 50), (50, 64), (64, 65)], 32) == [(0, 2), (2, 50), (50, 65)]
-    assert call_ranges([(0, 64), (64, 128), (128, 140), (140, 141)], 32) == [(0, 64), (64, 128), (128, 141)]
+    assert call_ranges([(i, i + 1) for i in range(70)], 32) == [(0, 32, 32), (32, 64, 32), (64, 70, 6)]  # decode rows
+    # two decode rows, a tile of 48 prompt rows (its own call, padded to 64), 14 more prompt rows and a decode row
+    assert call_ranges([(0, 1), (1, 2), (2, 50), (50, 64), (64, 65)], 32) == [(0, 2, 2), (2, 50, 64), (50, 65, 15)]
+    assert call_ranges([(0, 64), (64, 128), (128, 140), (140, 141)], 32) == [(0, 64, 64), (64, 128, 64), (128, 141, 13)]
     assert call_ranges([(0, 1), (1, 2)], None) is None  # no limit: one call
+
+
+def test_call_ranges_put_consecutive_tiles_in_calls_of_whole_tiles_up_to_tile_rows():
+    from tritonllm.engine.linear import call_ranges
+
+    tiles = [(0, 64), (64, 128), (128, 192), (192, 256), (256, 294)]
+    assert call_ranges(tiles + [(294, 295)], 32, 192) == [(0, 192, 192), (192, 294, 128), (294, 295, 1)]
+    # a decode row between two prompts' tiles ends a call; a partial tile joins full ones, padded
+    groups = [(0, 1), (1, 65), (65, 129), (129, 167), (167, 168), (168, 232)]
+    assert call_ranges(groups, 32, 192) == [(0, 1, 1), (1, 167, 192), (167, 168, 1), (168, 232, 64)]
 
 
 def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
@@ -91,6 +101,29 @@ def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
     assert torch.equal(linear(step, weight, calls=call_ranges(groups, block))[7:57], alone)
 
 
+@pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
+def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
+    """A prefix-cache hit computes a prompt's rows from a later tile on than a cold prefill does, so
+    the tiles share calls otherwise (call_ranges merges them up to the weight's `tile_rows`, found
+    at load): every row must get the same bits, for every layer shape of the bundled model."""
+    from tritonllm.engine.linear import TILE_ROWS, call_ranges
+
+    fan_in, fan_out = bundled_linear_shapes()[name]
+    torch.manual_seed(2)
+    weight = prepare((torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16), "none", rows_hint=8)
+    tile_rows = weight.tile_rows or 192  # None: no AMX, any call keeps the bits
+    assert tile_rows % TILE_ROWS == 0
+    prompt = torch.randn(700, fan_in).to(torch.bfloat16)
+    tiles = [(first, min(first + TILE_ROWS, len(prompt))) for first in range(0, len(prompt), TILE_ROWS)]
+    cold = linear(prompt, weight, calls=call_ranges(tiles, 32, tile_rows))
+    for hit in (1, 2, 3, 5, 10):  # cached tiles
+        start = tiles[hit][0]
+        rest = [(first - start, last - start) for first, last in tiles[hit:]]
+        assert torch.equal(linear(prompt[start:], weight, calls=call_ranges(rest, 32, tile_rows)), cold[start:]), hit
+    alone = torch.cat([linear(prompt[a:b], weight, calls=call_ranges([(0, b - a)], 32)) for a, b in tiles])
+    assert torch.equal(alone, cold)  # a tile a call, the last one padded
+
+
 @pytest.mark.skipif(not prepack_enabled(torch.bfloat16, torch.device("cpu")), reason="oneDNN is part of CPU PyTorch")
 def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkeypatch):
     """`batch_invariant: false` trades the cut calls for one matmul call a weight a step (rows limited
@@ -104,7 +137,7 @@ def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkey
     model, _ = load_model("tiny", "cpu", torch.bfloat16)
     calls = []
     real = linear_module._packed_call
-    monkeypatch.setattr(linear_module, "_packed_call", lambda x, packed, bias: calls.append(x.shape[0]) or real(x, packed, bias))
+    monkeypatch.setattr(linear_module, "_packed_call", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     results = {}
     for invariant in (True, False):
         runner = ModelRunner(model, 8, 256, batch_invariant=invariant)

@@ -11,10 +11,14 @@
   With AMX (Intel) oneDNN picks its kernel and blocking by the row count: a row gets the bits it
   gets alone only in calls of at most 32 rows here (measured on the model's shapes; without AMX,
   any count). So where the CPU has AMX, a step's rows are cut into calls that give every row the
-  same bits whatever shares the step (`call_ranges`): each tile of a prompt's rows (the same rows
-  whenever it is computed) is a call, and decode rows go in calls of at most 32. A 1,024-token
-  prompt took 418 ms so, 487 ms in calls of 32 rows, 339 ms in one call a chunk (not invariant);
-  decode steps of <= 32 rows pay nothing.
+  same bits whatever shares the step (`call_ranges`): decode rows go in calls of at most 32, and a
+  prompt's tiles (rows always computed together) in calls of their own. Those run a whole number
+  of 64 rows (a partial tile padded), where oneDNN gives a row the same bits in a call of 64, 128
+  or 192 rows, wherever the row sits in it: so consecutive tiles share a call of up to
+  `tile_rows` rows, found per weight at load (`_tile_rows`: 64 where a longer call changed any
+  bit; it did for 33-36 and 256 rows of the bundled model's `down`). 512 prompt rows took 138 ms
+  of matmuls in calls of 64, 92 ms in calls of 192, 75 ms in one call (not invariant); decode
+  steps of <= 32 rows pay nothing.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
   the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,15 +43,42 @@ class PackedWeight:
     packed: torch.Tensor
     nbytes: int  # of the weight it was made from
     row_block: int | None  # the most rows per call that give each row the bits it gets alone
+    tile_rows: int | None  # the most rows (a multiple of TILE_ROWS) per call of prompt tiles
 
 
 AMX_ROW_BLOCK = 32  # with AMX, calls of at most this many rows give each row its lone bits (measured)
+TILE_ROWS = 64  # with AMX, a call of more than AMX_ROW_BLOCK rows runs a multiple of this many
+TILE_CALL_ROWS = (192, 128)  # the longer calls of prompt tiles tried at load, longest first
 
 
-def _packed_call(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = x if x.shape[0] > 1 else x.expand(2, -1)  # a lone row as two (see the module's notes); no copy
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
-    return out if x.shape[0] > 1 else out[:1]
+class Call(NamedTuple):
+    """Rows [first, last) of a step in one matmul call that runs `rows` rows (the rest padding)."""
+    first: int
+    last: int
+    rows: int
+
+
+def _packed_call(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, rows: int = 0) -> torch.Tensor:
+    """x times the packed weight, run as max(rows, 2) rows: a lone row as two (see the module's
+    notes; expanded, no copy), a partial tile padded with its last row."""
+    n = x.shape[0]
+    rows = max(rows, n, 2)
+    if rows > n:
+        x = x.expand(rows, -1) if n == 1 else torch.cat([x, x[-1:].expand(rows - n, -1)])
+    out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out if rows == n else out[:n]
+
+
+def _tile_rows(packed: torch.Tensor, fan_in: int, dtype: torch.dtype) -> int:
+    """The longest call of TILE_CALL_ROWS that gives random rows the bits they get in calls of
+    TILE_ROWS, wherever they sit in the call; TILE_ROWS if none does."""
+    x = torch.randn(2 * TILE_CALL_ROWS[0] * 2, fan_in, generator=torch.Generator().manual_seed(0)).to(dtype)
+    short = torch.cat([_packed_call(x[i:i + TILE_ROWS], packed, None) for i in range(0, len(x), TILE_ROWS)])
+    for rows in TILE_CALL_ROWS:
+        long = torch.cat([_packed_call(x[i:i + rows], packed, None) for i in range(0, len(x), rows)])
+        if torch.equal(long, short):
+            return rows
+    return TILE_ROWS
 
 
 def invariant_row_block() -> int | None:
@@ -70,7 +102,9 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
         return Int8Weight.of(weight)
     if prepack_enabled(weight.dtype, weight.device):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
-        return PackedWeight(packed, weight.numel() * weight.element_size(), invariant_row_block())
+        block = invariant_row_block()
+        tile_rows = None if block is None else _tile_rows(packed, weight.shape[1], weight.dtype)
+        return PackedWeight(packed, weight.numel() * weight.element_size(), block, tile_rows)
     return weight
 
 
@@ -83,30 +117,35 @@ def nbytes(weight) -> int:
     return weight.numel() * weight.element_size()
 
 
-def call_ranges(groups: list[tuple[int, int]], block: int | None) -> list[tuple[int, int]] | None:
-    """Row ranges, one matmul call each, for rows in consecutive `groups` (a group: rows that are
-    always computed together, such as a prompt tile's): groups of at most `block` rows are merged
-    into calls of at most `block` (every row gets its lone bits there); a larger group is a call of
-    its own, always the same rows, so the same bits. None: no limit (one call)."""
+def call_ranges(groups: list[tuple[int, int]], block: int | None, tile_rows: int | None = None) -> list[Call] | None:
+    """The matmul calls, for rows in consecutive `groups` (a group: rows that are always computed
+    together, such as a prompt tile's): groups of at most `block` rows are merged into calls of at
+    most `block` (every row gets its lone bits there); larger groups (tiles) into calls of whole
+    TILE_ROWS, padded, of at most `tile_rows` rows (default TILE_ROWS: a tile a call). None: no
+    limit (one call)."""
     if block is None:
         return None
-    calls, start, end = [], 0, 0
+    tile_rows = tile_rows or TILE_ROWS
+    calls: list[Call] = []
+    start = end = 0  # the call being filled: rows [start, end)
+    tiles = False  # it holds tiles
     for first, last in groups:
-        if last - first > block or last - start > block:
-            if end > start:
-                calls.append((start, end))
+        is_tile = last - first > block
+        limit = tile_rows if is_tile else block
+        if end > start and (is_tile != tiles or _run_rows(last - start, is_tile) > limit):
+            calls.append(Call(start, end, _run_rows(end - start, tiles)))
             start = first
-        end = last
-        if last - first > block:
-            calls.append((first, last))
-            start = last
+        end, tiles = last, is_tile
     if end > start:
-        calls.append((start, end))
+        calls.append(Call(start, end, _run_rows(end - start, tiles)))
     return calls
 
 
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
-           calls: list[tuple[int, int]] | None = None) -> torch.Tensor:
+def _run_rows(rows: int, tiles: bool) -> int:
+    return -(-rows // TILE_ROWS) * TILE_ROWS if tiles else rows
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, calls: list[Call] | None = None) -> torch.Tensor:
     """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias. `calls`: how to cut
     the rows where the weight keeps rows' bits only in short calls (`call_ranges`; default: calls
     of `row_block` rows)."""
@@ -114,10 +153,10 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
         block = weight.row_block
         if block is None or x.shape[0] <= block:
             return _packed_call(x, weight.packed, bias)
-        calls = calls or [(i, min(i + block, x.shape[0])) for i in range(0, x.shape[0], block)]
-        if len(calls) == 1:  # all rows in one call (the runner without batch invariance)
+        calls = calls or call_ranges([(i, i + 1) for i in range(x.shape[0])], block)
+        if len(calls) == 1 and calls[0].rows == x.shape[0]:
             return _packed_call(x, weight.packed, bias)
-        return torch.cat([_packed_call(x[first:last], weight.packed, bias) for first, last in calls])
+        return torch.cat([_packed_call(x[c.first:c.last], weight.packed, bias, c.rows) for c in calls])
     if isinstance(weight, Int8Weight):
         out = torch.ops.aten._weight_int8pack_mm(x, weight.values, weight.scales)
         return out if bias is None else out + bias

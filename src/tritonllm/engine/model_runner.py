@@ -33,7 +33,7 @@ import torch
 from tritonllm.engine import layer_kernels, paged_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
-from tritonllm.engine.linear import call_ranges, linear, nbytes, prepare
+from tritonllm.engine.linear import Call, call_ranges, linear, nbytes, prepare
 from tritonllm.engine.numba_helpers import as_numpy
 from tritonllm.engine.prefill_attention import PREFILL_TILE
 from tritonllm.engine.quantization import resolve_quantization
@@ -102,6 +102,9 @@ class ModelRunner:
         self.lm_head_weight = prepare(model.lm_head.weight, self.quantization, num_slots)
         self.batch_invariant = batch_invariant
         self.row_block = getattr(self.lm_head_weight, "row_block", None)  # every prepared weight's
+        # The longest call of prompt tiles that keeps every layer weight's bits (linear.py).
+        self.tile_rows = min((getattr(getattr(w, name), "tile_rows", None) or 0 for w in self.layers
+                              for name in ("qkv", "o", "gate_up", "down")), default=0) or None
         # What a decode step streams from memory at least: every matmul weight once.
         self.weight_bytes = nbytes(self.lm_head_weight) + sum(
             nbytes(getattr(w, name)) for w in self.layers for name in ("qkv", "o", "gate_up", "down"))
@@ -178,7 +181,8 @@ class ModelRunner:
         layout = self.layout(chunks)
         ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
         # How the matmuls cut the rows (linear.py): for batch invariance, or all in one call.
-        calls = call_ranges(layout.row_groups, self.row_block) if self.batch_invariant else [(0, len(layout.ids))]
+        calls = (call_ranges(layout.row_groups, self.row_block, self.tile_rows) if self.batch_invariant
+                 else [Call(0, len(layout.ids), len(layout.ids))])
         hidden, delta = self.embed(torch.tensor(layout.ids, device=self.device)), None  # (T, hidden)
         for layer_idx, w in enumerate(self.layers):
             hidden, h = ops.add_norm(hidden, delta, w.input_norm)
@@ -192,7 +196,7 @@ class ModelRunner:
         if not last:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=self.device)])
-        whole = None if self.batch_invariant else [(0, len(last))]  # None: calls of row_block rows
+        whole = None if self.batch_invariant else [Call(0, len(last), len(last))]  # None: calls of row_block rows
         return linear(picked, self.lm_head_weight, self.model.lm_head.bias, whole).float()
 
     def decode_ceiling_step(self, lengths: list[int]) -> torch.Tensor:
