@@ -12,7 +12,7 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert benchmark.main(["--model", "tiny", "--requests", "10", "--output-tokens", "exp:8:24",
                            "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"decode", "ceiling", "engine", "request", "hf-cb", "static"}
+    assert set(results) == {"decode", "prefill", "ceiling", "engine", "request", "hf-cb", "static"}
     decode = results["decode"]
     assert set(decode["cases"]) >= {"8 x 128", "32 x 128", "8 x 32", "7 x 32 + 1 x 1600"}
     assert all(c["weights_gb_per_s"] > 0 and c["tokens_per_s"] > 0 for c in decode["cases"].values())
@@ -20,6 +20,9 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     assert decode["paged_decode"]  # CPU: the paged decode kernel
     if decode["cpu_kernels"]:  # bf16 (auto where the CPU has it): each case also timed with PyTorch's ops
         assert all(c["torch_ops_seconds"] > 0 and c["torch_ops_over_kernels"] > 0 for c in decode["cases"].values())
+    prefill = results["prefill"]["cases"]
+    assert set(prefill) == {"cold 256", "cold 1280", "256 after 1024 cached"}
+    assert prefill["cold 1280"]["tokens"] == 1280 and all(c["tokens_per_s"] > 0 for c in prefill.values())
     requested = sum(n for _, n in benchmark.make_workload(10, "exp:8:24", "uniform:8:48", 0))
     for name in ("engine", "request", "hf-cb", "static"):
         assert "error" not in results[name], results[name]
@@ -28,6 +31,7 @@ def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, cap
     printed = capsys.readouterr().out
     assert "engine / hf-cb" in printed and "engine / static" in printed
     assert "GB/s of weights" in printed and "between the matmuls" in printed and "7 x 32 + 1 x 1600 / 8 x 32 =" in printed
+    assert "prefill of a lone prompt" in printed and "256 after 1024 cached" in printed
 
 
 def test_benchmark_compares_dtypes_and_measures_batch_invariance(tmp_path, capsys):

@@ -67,6 +67,11 @@ def side_by_side(halves: dict[str, list[Sample]]) -> dict:
         out[via] = {"requests": len(inside), "tokens": sum(s.output_tokens for s in inside),
                     "tokens_per_s": sum(s.output_tokens for s in inside) / (hi - lo),
                     "ttft_p50": statistics.median(s.ttft for s in inside), "ttfts": [s.ttft for s in inside]}
+    return with_front_cost(out)
+
+
+def with_front_cost(out: dict) -> dict:
+    """Adds what the front costs: its tokens/s over the direct half's, its median TTFT minus theirs."""
     out["tokens_ratio"] = out["openai"]["tokens_per_s"] / out["triton"]["tokens_per_s"]
     out["ttft_p50_delta"] = out["openai"]["ttft_p50"] - out["triton"]["ttft_p50"]
     return out
@@ -82,8 +87,7 @@ def pooled(rounds: list[dict], resamples: int = 2000, seed: int = 0) -> dict:
         out[via] = {"requests": sum(r[via]["requests"] for r in rounds),
                     "tokens_per_s": sum(r[via]["tokens"] for r in rounds) / window,
                     "ttft_p50": statistics.median(t for r in rounds for t in r[via]["ttfts"])}
-    out["tokens_ratio"] = out["openai"]["tokens_per_s"] / out["triton"]["tokens_per_s"]
-    out["ttft_p50_delta"] = out["openai"]["ttft_p50"] - out["triton"]["ttft_p50"]
+    with_front_cost(out)
     rng = np.random.default_rng(seed)
     medians = {via: np.median(rng.choice(np.array([t for r in rounds for t in r[via]["ttfts"]]),
                                          (resamples, out[via]["requests"])), axis=1) for via in HALVES}

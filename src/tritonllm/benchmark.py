@@ -3,6 +3,8 @@
 0. decode: the model runner's decode step alone at 8 and 32 slots (ms, tok/s, GB/s of weights), and
    7 short rows + 1 long against 8 short; on CPU in bf16 each also with PyTorch's ops between the
    matmuls instead of the compiled layer kernels (engine/layer_kernels.py), side by side;
+   prefill: a lone prompt's prefill (256 and 1,280 tokens cold, 256 after 1,024 cached), with
+   batch invariance on and, where it costs matmul calls (AMX), off, side by side;
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -178,6 +180,51 @@ def print_decode_steps(r: dict) -> None:
     print(f"  7 x 32 + 1 x 1600 / 8 x 32 = {r['mixed_over_short']:.2f}", flush=True)
 
 
+PREFILL_CASES = [("cold 256", [(0, 256)]), ("cold 1280", [(0, 512), (512, 512), (1024, 256)]),
+                 ("256 after 1024 cached", [(1024, 256)])]  # (start, tokens) of each step: chunks of 512
+
+
+def run_prefill_steps(model, quantization: str | None = None, repeats: int = 5) -> dict:
+    """A lone prompt's prefill, the time to its first token in-process: cold prompts of 256 and 1,280
+    tokens (in the shipped llm_inflight's chunks of 512) and a prefix-cache hit (256 new tokens after
+    1,024 cached). Where batch invariance costs matmul calls (AMX), each case is also timed with it
+    off, alternating in the same process (`invariant_over_one_call`)."""
+    runner = ModelRunner(model, 1, 2048, quantization)
+    blocks = runner.slot_blocks(0)
+    ids = [(100 + i) % model.config.vocab_size for i in range(2048)]
+    variants = [True, False] if runner.row_block is not None else [True]
+
+    def prefill(steps) -> None:
+        for start, n in steps:
+            runner.forward([Chunk(blocks, ids[start:start + n], start, True)])
+
+    times = {(name, v): [] for name, _ in PREFILL_CASES for v in variants}
+    for rep in range(repeats + 1):  # the first round warms every shape
+        for v in variants if rep % 2 else variants[::-1]:
+            runner.batch_invariant = v
+            for name, steps in PREFILL_CASES:
+                t0 = time.perf_counter()
+                prefill(steps)
+                if rep:
+                    times[(name, v)].append(time.perf_counter() - t0)
+    cases = {}
+    for name, steps in PREFILL_CASES:
+        seconds = statistics.median(times[(name, True)])
+        tokens = sum(n for _, n in steps)
+        cases[name] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        if len(variants) == 2:
+            cases[name]["invariant_over_one_call"] = seconds / statistics.median(times[(name, False)])
+    return {"cases": cases}
+
+
+def print_prefill_steps(r: dict) -> None:
+    print("prefill of a lone prompt (chunks of 512):")
+    for name, c in r["cases"].items():
+        cost = (f"  | batch invariance costs {c['invariant_over_one_call']:.2f}x the time of one call a weight"
+                if "invariant_over_one_call" in c else "")
+        print(f"  {name:22s} {c['seconds'] * 1e3:7.1f} ms  {c['tokens_per_s']:7.1f} prompt tok/s{cost}", flush=True)
+
+
 def run_static(model, tokenizer, workload, slots: int) -> dict:
     """Fixed batches of `slots` requests in arrival order, each run until its longest member ends."""
     tokenizer.padding_side = "left"
@@ -287,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the ceiling and the engine in float32, or with int8 weights (repeatable)")
     parser.add_argument("--match", type=int, default=0, metavar="N",
                         help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "ceiling", "engine", "request", "hf-cb", "static"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "prefill", "ceiling", "engine", "request", "hf-cb", "static"])
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--profile-steps", metavar="FILE",
                         help="only time the runner's forward over a grid of step shapes and write them here "
@@ -316,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.output_tokens}), prompt words {args.prompt_words}, threads={torch.get_num_threads()}", flush=True)
     runs = {
         "decode": lambda: run_decode_steps(model, args.quantization),
+        "prefill": lambda: run_prefill_steps(model, args.quantization),
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots, args.quantization),
         "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget,
                                      quantization=args.quantization),
@@ -352,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8s} {r['error']}", flush=True)
         elif name == "decode":
             print_decode_steps(r)
+        elif name == "prefill":
+            print_prefill_steps(r)
         elif name.startswith("match"):
             print(f"{name:8s} {r['identical']}/{r['prompts']} greedy answers ({r['tokens']} tokens) token-identical "
                   f"to unbatched generate; mean common prefix {r['mean_common_prefix']:.1f} tokens", flush=True)
