@@ -50,7 +50,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from tritonllm_loadtest.arrivals import ArrivalSchedule
-from tritonllm_loadtest.metrics_scraper import MetricsScraper
+from tritonllm_loadtest.metrics_scraper import MetricsScraper, wait_until_idle
 from tritonllm_loadtest.progress import Progress
 from tritonllm_loadtest.report import ReportSettings, build_report
 from tritonllm_loadtest.summary import RunInfo, RunSummary, summarize_run_dir
@@ -59,6 +59,7 @@ from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WO
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 SCHEMES = {"inflight": "llm_inflight", "dynamic": "llm_dynamic", "static": "llm_static"}
+IDLE_TIMEOUT_S = 300.0  # the longest a run waits for earlier runs' requests to leave the server
 USER_CLASSES = {  # (scheme is streaming, protocol) -> Locust user class
     (True, "grpc"): "GrpcStreamUser", (True, "http"): "SseStreamUser",
     (False, "grpc"): "GrpcInferUser", (False, "http"): "HttpInferUser",
@@ -462,6 +463,12 @@ class Comparison:
         log(f"{name}: {load}, {user_class} -> {info.model} (≤{point.requests or '∞'} requests, "
             f"≤{point.run_time:g} s)")
         scrape = scheme in SCHEMES  # Triton's metrics say nothing about another server
+        if scrape:
+            waited, busy = wait_until_idle(target.metrics, IDLE_TIMEOUT_S)
+            if busy:
+                log(f"{name}: the server still had requests in hand after {waited:.0f} s ({', '.join(busy)}); running anyway")
+            elif waited >= 1:
+                log(f"{name}: waited {waited:.0f} s for the server to finish earlier runs' requests")
         cpu_before = target.cpu_seconds() if scrape else None
         info.started = time.time()
         with (MetricsScraper(target.metrics, run_dir / "metrics.jsonl", args.scrape_interval) if scrape

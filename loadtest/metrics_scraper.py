@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Families kept from each scrape (histogram buckets are left out; _sum/_count are kept).
 KEEP = re.compile(r"^(tritonllm_\w+?(?<!_bucket)|nv_inference_(count|exec_count|request_success|request_failure"
-                  r"|queue_duration_us|compute_infer_duration_us)|nv_cpu_utilization|nv_gpu_utilization)$")
+                  r"|queue_duration_us|compute_infer_duration_us|pending_request_count)|nv_cpu_utilization|nv_gpu_utilization)$")
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -58,6 +58,29 @@ def series(name: str, **labels: str) -> str:
 def scrape(url: str, timeout: float = 5.0) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return parse_prometheus(resp.read().decode("utf-8", "replace"))
+
+
+BUSY_GAUGES = ("nv_inference_pending_request_count", "tritonllm_num_requests_open")  # queued; accepted, not answered
+
+
+def busy_models(values: dict[str, float]) -> dict[str, float]:
+    """The series of a scrape that say a model still has requests queued or in hand (value > 0)."""
+    return {k: v for k, v in values.items() if v > 0 and k.split("{", 1)[0] in BUSY_GAUGES}
+
+
+def wait_until_idle(url: str, timeout: float, poll: float = 0.5) -> tuple[float, dict[str, float]]:
+    """Wait until no model of the server has a request queued or in hand: requests whose client gave
+    up (a run's cut-off ones) still run on the server and would take the next run's CPU. Returns the
+    seconds waited and what was still busy at the end ({} when idle, or no metrics to read)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            busy = busy_models(scrape(url))
+        except OSError:  # no metrics endpoint: nothing to wait on
+            return time.monotonic() - t0, {}
+        if not busy or time.monotonic() - t0 > timeout:
+            return time.monotonic() - t0, busy
+        time.sleep(poll)
 
 
 class MetricsScraper:

@@ -19,7 +19,7 @@ import pytest
 
 from tritonllm_loadtest import compare, protocol
 from tritonllm_loadtest.arrivals import ArrivalSchedule
-from tritonllm_loadtest.metrics_scraper import parse_prometheus, series, slot_utilisation
+from tritonllm_loadtest.metrics_scraper import parse_prometheus, series, slot_utilisation, wait_until_idle
 from tritonllm_loadtest.report import ReportSettings, build_report
 from tritonllm_loadtest.samples import Measurement, Sample, SampleWriter, load_samples
 from tritonllm_loadtest.summary import SCHEME_OF_MODEL, RunInfo, ratios, summarize
@@ -654,3 +654,45 @@ def test_progress_counts_samples_as_they_are_written(tmp_path):
     with open(path, "a") as f:
         f.write('ens": 70, "error": null}\n')
     assert progress.line() == "inflight-c8: 3/4 requests done, 10 output tok/s so far, 1 errors"
+
+
+def test_a_run_waits_until_no_model_has_requests_queued_or_in_hand():
+    """wait_until_idle polls the metrics until every model's queue and open requests are 0: a cut-off
+    client's request still runs on the server and would take the next run's CPU."""
+    import http.server
+    import threading
+
+    pages = [  # one per scrape: a batch still running, then one queued, then idle
+        'nv_inference_pending_request_count{model="llm_dynamic",version="1"} 0\n'
+        'tritonllm_num_requests_open{model="llm_dynamic"} 8\ntritonllm_num_requests_open{model="llm_inflight"} 0\n',
+        'nv_inference_pending_request_count{model="llm_dynamic",version="1"} 1\n'
+        'tritonllm_num_requests_open{model="llm_dynamic"} 0\n',
+        'nv_inference_pending_request_count{model="llm_dynamic",version="1"} 0\n'
+        'tritonllm_num_requests_open{model="llm_dynamic"} 0\ntritonllm_generation_tokens_total{model="llm_inflight"} 9\n',
+    ]
+    served = []
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = pages[min(len(served), len(pages) - 1)].encode()
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        waited, busy = wait_until_idle(url, timeout=60, poll=0.01)
+        assert busy == {} and len(served) == 3
+        del served[:]
+        waited, busy = wait_until_idle(url, timeout=0, poll=0.01)  # out of time while busy: says what was busy
+        assert busy == {'tritonllm_num_requests_open{model="llm_dynamic"}': 8.0}
+    finally:
+        server.shutdown()
+    assert wait_until_idle("http://127.0.0.1:9/metrics", timeout=60)[1] == {}  # no metrics: nothing to wait on

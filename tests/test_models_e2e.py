@@ -587,3 +587,17 @@ def test_engine_metrics_are_also_exported_under_vllm_names(triton_server):
     assert named == set(VLLM_NAMES), f"not exported: {set(VLLM_NAMES) - named}"
     assert all(a == b for a, b in pairs.values()), {k: v for k, v in pairs.items() if v[0] != v[1]}
     assert series["vllm:request_success_total{finished_reason=length}"] >= 1
+
+
+def test_a_batching_model_counts_the_requests_of_its_running_batch(triton_server):
+    """llm_dynamic's tritonllm_num_requests_open is its running batch's size, 0 once it answered: load
+    tools wait for 0 on every model before a run (a request whose client gave up still runs)."""
+    model = "llm_dynamic"
+    assert wait_for_metric(triton_server, "tritonllm_num_requests_open", lambda v: v == 0, model=model) == 0
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(generate, triton_server, model, text_input="Hi", max_tokens=1800, ignore_eos=True)
+        seen = wait_for_metric(triton_server, "tritonllm_num_requests_open", lambda v: v >= 1 or answer.done(),
+                               model=model)
+        assert answer.result().status_code == 200, answer.result().text
+    assert seen == 1
+    assert metric(triton_server, "tritonllm_num_requests_open", model) == 0

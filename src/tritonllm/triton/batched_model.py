@@ -30,6 +30,13 @@ class BatchedModel:
         self.counters = EngineCounters(self.model_name, self.engine)  # the same counters as llm_inflight
 
     def execute(self, requests):
+        self.counters.open.set(len(requests))
+        try:
+            return self._execute(requests)
+        finally:
+            self.counters.open.set(0)
+
+    def _execute(self, requests):
         responses = [None] * len(requests)
         batch = []  # (index, parsed request, request id)
         for i, request in enumerate(requests):

@@ -82,6 +82,9 @@ class EngineCounters:
                                               "prefix cache (not computed)", Family.COUNTER, labels),
         }
         self.seen = {name: 0 for name in self.counters}
+        # Load tools wait for it to be 0 on every model before a run (a cut-off client's request still runs).
+        self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
+                                 "response (running, waiting or being sent)", Family.GAUGE, labels)
         self.info = export_model_info(model_name, engine)
 
     def _family(self, name, description, kind) -> list:
@@ -117,8 +120,6 @@ class InflightMetrics(EngineCounters):
         Family, labels = pb_utils.MetricFamily, self.labels
         self.running = self._metric("tritonllm_num_requests_running", "Sequences in the running batch", Family.GAUGE, labels)
         self.waiting = self._metric("tritonllm_num_requests_waiting", "Requests waiting for a slot", Family.GAUGE, labels)
-        self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
-                                 "response (running, waiting or being sent)", Family.GAUGE, labels)
         self.finished_families = self._family("tritonllm_request_finished_total", "Requests finished, by "
                                               "finish_reason (stop, length, abort: cancelled or shut down, error)",
                                               Family.COUNTER)
