@@ -1,9 +1,7 @@
 """tritonllm-bench-peers' choice of llm_inflight's client and settings (the peers themselves run
 outside the suite)."""
 
-from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.peers.bench import client_args, inflight_repository
-from tritonllm.server.repository import read_config
+from tritonllm.peers.bench import client_args, inflight_engine_config, inflight_repository
 
 
 def test_inflight_streams_over_sse_like_the_peers_unless_told_otherwise():
@@ -16,7 +14,7 @@ def test_the_served_and_in_process_engines_get_the_slots_and_batch_invariance_as
     """The served model reads config.pbtxt; the in-process run builds its engine from the same file."""
     for invariant in (True, False):
         repository = inflight_repository(32, tmp_path / str(invariant), batch_invariant=invariant)
-        config = SchedulerConfig.from_parameters(read_config("llm_inflight", repository)[1])
+        config = inflight_engine_config(repository)
         assert config.max_num_seqs == 32
         assert config.batch_invariant is invariant
         assert config.num_kv_blocks == 256  # the rest as shipped

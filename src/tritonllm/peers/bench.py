@@ -55,6 +55,14 @@ def inflight_repository(slots: int, dest: Path, batch_invariant: bool = True) ->
     return configured_repository(dest, {"llm_inflight": settings})
 
 
+def inflight_engine_config(repository: Path):
+    """The engine config llm_inflight reads from the repository's config.pbtxt: all of its knobs."""
+    from tritonllm.engine.scheduler import SchedulerConfig
+    from tritonllm.server.repository import read_config
+
+    return SchedulerConfig.from_parameters(read_config("llm_inflight", repository)[1])
+
+
 def engine_settings(repository: Path) -> dict:
     from tritonllm.server.repository import read_config
 
@@ -89,12 +97,9 @@ def in_process_run(repository: Path, slots: int, requests: int, mix: tuple[str, 
     starts it (model loaded and stepped on one thread of its own)."""
     from tritonllm.benchmark import make_workload, run_closed_loop
     from tritonllm.engine.llm_engine import LLMEngine
-    from tritonllm.engine.scheduler import SchedulerConfig
     from tritonllm.models import load_model
 
-    from tritonllm.server.repository import read_config
-
-    config = SchedulerConfig.from_parameters(read_config("llm_inflight", repository)[1])  # all of llm_inflight's knobs
+    config = inflight_engine_config(repository)
 
     def build() -> LLMEngine:
         model, tokenizer = load_model("bundled", "cpu", "auto")
