@@ -35,6 +35,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -54,11 +55,16 @@ from tritonllm_loadtest.metrics_scraper import MetricsScraper, wait_until_idle
 from tritonllm_loadtest.progress import Progress
 from tritonllm_loadtest.report import ReportSettings, build_report
 from tritonllm_loadtest.summary import RunInfo, RunSummary, summarize_run_dir
-from tritonllm_loadtest.sweep import SLO_SLACK, auto_rates, point_requests
+from tritonllm_loadtest.sweep import SLO_SLACK, auto_rates, choose_slo, next_rate, point_requests
 from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS, Workload, load_prompts
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
-SCHEMES = {"inflight": "llm_inflight", "dynamic": "llm_dynamic", "static": "llm_static"}
+SCHEMES = {"inflight": "llm_inflight", "dynamic": "llm_dynamic", "static": "llm_static",
+           "inflight_shipped": "llm_inflight_shipped"}
+# A server this command starts serves llm_inflight at the batchers' cap on concurrent sequences (what
+# scheduling alone buys) and llm_inflight_shipped as shipped (admission by KV memory: what paging adds).
+SAME_CAP = "llm_inflight"
+SHIPPED = "llm_inflight_shipped"
 IDLE_TIMEOUT_S = 300.0  # the longest a run waits for earlier runs' requests to leave the server
 USER_CLASSES = {  # (scheme is streaming, protocol) -> Locust user class
     (True, "grpc"): "GrpcStreamUser", (True, "http"): "SseStreamUser",
@@ -114,7 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     t.add_argument("--openai-name", default="openai", help="its scheme name in the report, e.g. llama.cpp")
     t.add_argument("--openai-model", default="", help="the `model` field its requests carry (default: left out)")
     w = p.add_argument_group("workload")
-    w.add_argument("--schemes", default="inflight,dynamic,static", help="comma-separated, run in this order")
+    w.add_argument("--schemes", default="inflight,dynamic,static,inflight_shipped",
+                   help="comma-separated, run in this order; inflight_shipped (llm_inflight as shipped, beside "
+                        "llm_inflight at the batchers' cap) only where the server has it: one this command starts")
+    w.add_argument("--time-budget", type=float, default=600.0,
+                   help="seconds the whole comparison may take: a sweep extended past a scheme's last met rate "
+                        "stops there")
     w.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc: streaming for inflight, infer for the others; http: generate_stream (SSE) / infer")
     w.add_argument("--concurrency", default="8",
@@ -286,7 +297,7 @@ class Target:
                                  "loopback (start it there, or use --server always)")
             host = "127.0.0.1"
         log_file = self.out / "tritonserver.log"
-        self.server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, host=host,
+        self.server = TritonServer(comparison_repository(self.out / "repository", args.schemes), http_port=http, grpc_port=grpc, metrics_port=metrics, host=host,
                                    log_file=log_file, env={"TRITONLLM_MODEL": args.model,
                                                            **({"TRITONLLM_DTYPE": args.dtype} if args.dtype else {})},
                                    ready_timeout=args.ready_timeout)
@@ -305,6 +316,50 @@ class Target:
         if self.server is not None:
             log("stopping tritonserver")
             self.server.stop()
+
+
+def comparison_repository(dest: Path, schemes: list[str]) -> Path:
+    """The shipped models, llm_inflight capped at the batchers' max_batch_size on concurrent sequences,
+    and (for inflight_shipped) llm_inflight as shipped under the name llm_inflight_shipped."""
+    from tritonllm.server.repository import configured_repository, read_config
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    text, _ = read_config("llm_dynamic")
+    cap = re.search(r"(?m)^max_batch_size: (\d+)", text).group(1)
+    models = {m: {} for s, m in SCHEMES.items() if s in schemes}
+    if SAME_CAP in models:
+        models[SAME_CAP] = {"max_num_seqs": cap}
+    return configured_repository(dest, models, {SHIPPED: SAME_CAP})
+
+
+def served_models(target: Target) -> dict[str, dict]:
+    """What each model of the server runs: dtype, device, quantization (tritonllm_model_info), its cap on
+    concurrent sequences and KV blocks (its config, from Triton)."""
+    from tritonllm.server.launcher import model_info
+
+    info = model_info(target.metrics)
+    out = {}
+    for model, labels in info.items():
+        try:
+            with urllib.request.urlopen(f"{target.base}/v2/models/{model}/config", timeout=10) as resp:
+                config = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            config = {}
+        params = {k: v.get("string_value") for k, v in config.get("parameters", {}).items()}
+        cap = config.get("max_batch_size") or params.get("max_num_seqs")
+        out[model] = {**labels, "max_concurrent_sequences": int(cap) if cap else None,
+                      "kv_blocks": int(params["num_kv_blocks"]) if params.get("num_kv_blocks", "").isdigit() else None}
+    return out
+
+
+def machine() -> dict:
+    """The load generator's machine (the server's too when this command started it)."""
+    import torch
+
+    from tritonllm.engine import cpu_isa
+
+    return {**cpu_isa.describe(), "torch": torch.__version__}
 
 
 def check_models(target: Target, models: list[str]) -> None:
@@ -380,7 +435,7 @@ def locust_command(args, target: Target, scheme: str, point: Point, run_dir: Pat
         user_class = "OpenAIStreamUser"
         where = ["--host", target.front_url, "--openai-model", SCHEMES[scheme]]
     elif scheme in SCHEMES:
-        user_class = USER_CLASSES[(scheme == "inflight", args.protocol)]
+        user_class = USER_CLASSES[(scheme.startswith("inflight"), args.protocol)]
         where = ["--host", target.base, "--grpc-url", target.grpc, "--triton-model", SCHEMES[scheme]]
     else:  # the OpenAI-compatible server
         user_class = "OpenAIStreamUser"
@@ -503,6 +558,53 @@ def sweep_rates(args, closed: list[RunSummary]) -> list[float]:
     return rates
 
 
+def run_sweep(args, comparison: Comparison, rates: list[float], t_start: float) -> None:
+    """The open-loop points, each scheme in turn. With --rates auto, a scheme that missed the SLO at a
+    rate is not offered higher ones (its capacity is bracketed), and one that met every rate is offered
+    EXTEND x its highest until it misses, within --time-budget, so that every capacity lies between a
+    met and a missed rate. Rates given by the user all run, as given."""
+    if args.rates != "auto":
+        for point in open_loop_points(args, rates):
+            comparison.run(point)
+        return
+    slo, done = None, set()  # done: missed once, or out of time
+    for point in open_loop_points(args, rates):
+        for scheme in args.schemes:
+            if scheme in done:
+                log(f"{point.name(scheme)}: not run ({scheme} missed the SLO at a lower rate)")
+                continue
+            comparison.run_one(scheme, point)
+        if slo is None:
+            try:
+                slo = choose_slo([s for s in comparison.summaries if s.arrival_rate == point.rate],
+                                 args.slo_normalized, args.slo_e2e_p90)
+            except ValueError as exc:
+                log(f"no SLO from the lowest rate ({exc}): every rate runs for every scheme")
+                continue
+        done |= {s.scheme for s in comparison.summaries if s.arrival_rate == point.rate and not slo.met(s)}
+    if slo is None:
+        return
+    while True:
+        pending = {}
+        for scheme in args.schemes:
+            rate = None if scheme in done else next_rate(
+                [s for s in comparison.summaries if s.scheme == scheme and s.arrival_rate], slo)
+            if rate is not None:
+                pending[scheme] = rate
+        if not pending:
+            return
+        for scheme, rate in pending.items():
+            (point,) = open_loop_points(args, [rate])
+            if time.monotonic() - t_start + point.run_time + 60 > args.time_budget:
+                log(f"{point.name(scheme)}: not run (past --time-budget {args.time_budget:g} s): {scheme}'s capacity "
+                    "stays a lower bound")
+                done.add(scheme)
+                continue
+            log(f"{scheme} met the SLO at every rate so far: offering {rate:g} req/s")
+            if not slo.met(comparison.run_one(scheme, point)):
+                done.add(scheme)
+
+
 def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | None = None) -> int:
     """`before_scheme(scheme)` (for programs that call this) runs before each scheme's run: e.g. to pause a
     peer server whose idle threads would take CPU from the others' rows."""
@@ -526,19 +628,20 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
         shutil.rmtree(earlier)
     log(f"workload: {workload.describe()}")
     with Target(args, out) as target:
+        if target.server is None and "inflight_shipped" in args.schemes and not http_ok(
+                f"{target.base}/v2/models/{SHIPPED}/ready"):
+            args.schemes.remove("inflight_shipped")  # a server of the user's: its llm_inflight as it runs it
         check_models(target, [SCHEMES[s] for s in args.schemes if s in SCHEMES])
         if args.via == "openai":
             target.start_front()
-        from tritonllm.server.launcher import model_runs
-
-        runs = model_runs(target.metrics)
-        target.note += " Models run: " + (", ".join(f"{m} in {r}" for m, r in sorted(runs.items())) or "unknown") + "."
+        models = served_models(target)
+        target.note += " Models run: " + (", ".join(f"{m}: {describe_model(i)}" for m, i in sorted(models.items()))
+                                          or "unknown (no tritonllm_model_info on the metrics page)") + "."
         log(target.note)
         comparison = Comparison(args, target, workload, out, before_scheme)
         closed = [s for point in closed_loop_points(args) for s in comparison.run(point)]
         rates = [] if args.rates == "none" else sweep_rates(args, closed)
-        for point in open_loop_points(args, rates):
-            comparison.run(point)
+        run_sweep(args, comparison, rates, t_start)
     command = "tritonllm-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     settings = ReportSettings(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                               slo_normalized_s=args.slo_normalized, slo_e2e_p90_s=args.slo_e2e_p90,
@@ -553,6 +656,7 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
              f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s.{sweep} Total wall time "
              f"{time.monotonic() - t_start:.0f} s."]
     settings.notes = notes
+    settings.models, settings.machine = models, machine()
     settings.save(out)
     report = build_report(out, settings=settings)
     _print_summary(out)
@@ -572,6 +676,13 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
         log("FAIL: error rate above --max-error-rate")
         return 1
     return 0
+
+
+def describe_model(info: dict) -> str:
+    quantized = f", {info['quantization']} weights" if info.get("quantization", "none") != "none" else ""
+    cap = info.get("max_concurrent_sequences")
+    kv = f", {info['kv_blocks']} KV blocks" if info.get("kv_blocks") else ""
+    return f"{info.get('dtype', '?')}{quantized} on {info.get('device', '?')}, ≤{cap or '?'} sequences at once{kv}"
 
 
 def user_class_protocol(user_class: str) -> str:

@@ -1,8 +1,10 @@
 """Scrape Triton's Prometheus endpoint during a run: llm_inflight's engine counters and gauges,
 and Triton's own per-model inference/execution counts.
 
-Slot utilisation over a scrape interval is d(tritonllm_generation_tokens_total) /
-d(tritonllm_slot_steps_total): tokens produced per slot offered, 1.0 = every slot busy every step.
+Over a scrape interval, waste is 1 - d(tritonllm_generation_tokens_total) /
+d(tritonllm_rows_computed_total) (rows computed that made no token) and occupancy
+d(tritonllm_sequence_rows_total) / d(tritonllm_slot_steps_total) (sequences computed per sequence
+the cap allowed).
 Triton's average batch size over an interval is d(nv_inference_count) / d(nv_inference_exec_count).
 
     python -m tritonllm_loadtest.metrics_scraper http://127.0.0.1:8002/metrics --out m.jsonl --duration 60
@@ -147,28 +149,31 @@ def load_scrapes(path: str | Path) -> list[dict]:
 @dataclass
 class IntervalPoint:
     time: float  # end of the interval (epoch seconds)
-    utilisation: float | None  # d(generation tokens) / d(slot steps); None when no step ran
+    waste: float | None  # 1 - d(generation tokens) / d(rows computed); None when no row was computed
+    occupancy: float | None  # d(sequence rows) / d(slot steps); None when no forward ran
     tokens_per_s: float  # generated tokens per second in the interval
     running: float | None
     waiting: float | None
 
 
-def slot_utilisation(scrapes: list[dict], model: str = "llm_inflight") -> list[IntervalPoint]:
-    """Per-interval slot utilisation and token rate of an in-flight model from consecutive scrapes."""
+def interval_points(scrapes: list[dict], model: str = "llm_inflight") -> list[IntervalPoint]:
+    """Per-interval waste, occupancy and token rate of a model from consecutive scrapes."""
     gen = series("tritonllm_generation_tokens_total", model=model)
+    rows = series("tritonllm_rows_computed_total", model=model)
+    sequences = series("tritonllm_sequence_rows_total", model=model)
     slots = series("tritonllm_slot_steps_total", model=model)
     running = series("tritonllm_num_requests_running", model=model)
     waiting = series("tritonllm_num_requests_waiting", model=model)
     points = []
     for prev, cur in zip(scrapes, scrapes[1:]):
         a, b = prev["values"], cur["values"]
-        if gen not in b or slots not in b:
+        if any(k not in b for k in (gen, rows, sequences, slots)):
             continue
-        d_tokens = b[gen] - a.get(gen, 0.0)
-        d_slots = b[slots] - a.get(slots, 0.0)
+        d = {k: b[k] - a.get(k, 0.0) for k in (gen, rows, sequences, slots)}
         dt = cur["time"] - prev["time"]
-        points.append(IntervalPoint(cur["time"], d_tokens / d_slots if d_slots > 0 else None,
-                                    d_tokens / dt if dt > 0 else 0.0, b.get(running), b.get(waiting)))
+        points.append(IntervalPoint(cur["time"], 1 - d[gen] / d[rows] if d[rows] > 0 else None,
+                                    d[sequences] / d[slots] if d[slots] > 0 else None,
+                                    d[gen] / dt if dt > 0 else 0.0, b.get(running), b.get(waiting)))
     return points
 
 

@@ -21,13 +21,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tritonllm_loadtest.metrics_scraper import slot_utilisation  # noqa: E402
+from tritonllm_loadtest.metrics_scraper import interval_points  # noqa: E402
 from tritonllm_loadtest.samples import Sample  # noqa: E402
 from tritonllm_loadtest.summary import RunSummary, ratios, summarize_run_dir  # noqa: E402
-from tritonllm_loadtest.sweep import Capacity, Slo, capacity, choose_slo, complete  # noqa: E402
+from tritonllm_loadtest.sweep import KEEP_UP, Capacity, Slo, capacity, choose_slo, complete  # noqa: E402
 
-SCHEME_ORDER = {"inflight": 0, "dynamic": 1, "static": 2}
-COLORS = {"inflight": "tab:green", "dynamic": "tab:blue", "static": "tab:red"}
+SCHEME_ORDER = {"inflight": 0, "dynamic": 1, "static": 2, "inflight_shipped": 3}
+COLORS = {"inflight": "tab:green", "dynamic": "tab:blue", "static": "tab:red", "inflight_shipped": "tab:olive"}
 
 
 @dataclass
@@ -41,6 +41,8 @@ class ReportSettings:
     price_per_hour: float | None = None
     ideal_ratio: dict[int, float] = field(default_factory=dict)  # closed-loop users -> in-flight's ideal gain
     notes: list[str] = field(default_factory=list)  # the command, the server, the wall time: kept for rebuilds
+    models: dict[str, dict] = field(default_factory=dict)  # model -> dtype, device, quantization, cap, KV blocks
+    machine: dict = field(default_factory=dict)  # the CPU, its AMX / AVX512-BF16 flags, torch
 
     def save(self, results_dir: Path) -> None:
         (Path(results_dir) / "settings.json").write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -200,30 +202,27 @@ def plot_itl(runs: list[Run], path: Path) -> Path:
     return path
 
 
-def plot_utilisation(runs: list[Run], path: Path) -> Path | None:
-    measured = [r for r in runs if r.scrapes and slot_utilisation(r.scrapes, r.info.model)]
+def plot_occupancy(runs: list[Run], path: Path) -> Path | None:
+    measured = [r for r in runs if r.scrapes and interval_points(r.scrapes, r.info.model)]
     if not measured:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    ax2 = ax.twinx()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for run in measured:
-        points = slot_utilisation(run.scrapes, run.info.model)
+        points = interval_points(run.scrapes, run.info.model)
         t0 = run.info.started or points[0].time
         xs = [p.time - t0 for p in points]
-        ax.plot(xs, [p.utilisation if p.utilisation is not None else np.nan for p in points], marker=".",
-                label=f"{run.label}: slot utilisation")
-        if any(p.running is not None for p in points):  # the in-flight engine's gauges
-            ax2.plot(xs, [p.running for p in points], linestyle="--", alpha=0.6, label=f"{run.label}: running")
-            ax2.plot(xs, [p.waiting for p in points], linestyle=":", alpha=0.6, label=f"{run.label}: waiting")
+        ax.plot(xs, [_nan(p.occupancy) for p in points], marker=".", color=run.color, label=run.label)
+        ax2.plot(xs, [_nan(p.waste) for p in points], marker=".", color=run.color, label=run.label)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("tokens / (slots × steps) per scrape interval")
-    ax2.set_ylabel("requests")
-    ax.set_title("Slot utilisation over time (batching models: counted when a batch ends)")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower center", fontsize=8)
-    ax.grid(alpha=0.3)
+    ax2.set_ylim(0, 1.05)
+    for a in (ax, ax2):
+        a.set_xlabel("seconds since the run started")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    ax.set_ylabel("sequences computed / sequences the cap allows")
+    ax.set_title("Occupancy per scrape interval")
+    ax2.set_ylabel("rows computed that made no token / rows computed")
+    ax2.set_title("Waste per scrape interval (batchers: counted when a batch ends)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -250,8 +249,8 @@ def plot_hostage(runs: list[Run], path: Path) -> Path:
 def _summary_table(summaries: list[RunSummary]) -> list[str]:
     rows = ["| run | scheme | protocol | load | finished | errors | error rate | output tok/s | req/s | "
             "TTFT p50 (ms) | TTFT p90 (ms) | e2e p50 (s) | e2e p90 (s) | ITL p50 (ms) | TPOT p50 (ms) | "
-            "norm. latency (s/tok) | queue wait (s) | goodput (req/s) | slot util. | Triton batch | core-s / 1k tok |",
-            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "norm. latency (s/tok) | queue wait (s) | goodput (req/s) | waste | occupancy | Triton batch | core-s / 1k tok |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summaries:
         load = f"rate {s.arrival_rate:g}/s, ≤{s.concurrency} users" if s.arrival_rate else f"{s.concurrency} users"
         rows.append(
@@ -260,7 +259,7 @@ def _summary_table(summaries: list[RunSummary]) -> list[str]:
             f"{_fmt(s.ttft_p50, 'ms')} | {_fmt(s.ttft_p90, 'ms')} | "
             f"{_fmt(s.e2e_p50)} | {_fmt(s.e2e_p90)} | {_fmt(s.itl_p50, 'ms')} | {_fmt(s.tpot_p50, 'ms')} | "
             f"{_fmt(s.normalized_latency)} | {_fmt(s.queue_wait_s)} | "
-            f"{_fmt(s.goodput_rps)} | {_fmt(s.slot_utilisation, '%')} | {_fmt(s.triton_batch_size)} | "
+            f"{_fmt(s.goodput_rps)} | {_fmt(s.waste, '%')} | {_fmt(s.occupancy, '%')} | {_fmt(s.triton_batch_size)} | "
             f"{_fmt(s.core_s_per_1k_tokens)} |")
     return rows
 
@@ -307,11 +306,40 @@ class SweepResult:
         return cls(points, slo, caps)
 
 
+def _what_ran(settings: ReportSettings, summaries: list[RunSummary]) -> list[str]:
+    """Each scheme's model with its dtype, device, quantization, cap and KV blocks; the CPU; torch."""
+    md = ["## What ran", ""]
+    m = settings.machine
+    if m:
+        flags = ", ".join(f for f in ("amx_bf16", "avx512_bf16", "avx512f") if m.get(f)) or "no AVX512"
+        md += [f"CPU: {m.get('cpu', '?')} ({flags}; AMX paths {'on' if m.get('amx_paths') else 'off'}, "
+               f"ONEDNN_MAX_CPU_ISA {m.get('onednn_max_cpu_isa', 'default')}); torch {m.get('torch', '?')}. "
+               "(The load generator's machine: the server's too when this command started it.)", ""]
+    schemes = {s.scheme: s.model for s in summaries}
+    if settings.models:
+        md += ["| scheme | model | dtype | device | quantization | cap on concurrent sequences | KV blocks |",
+               "|---|---|---|---|---|---:|---:|"]
+        for scheme in _schemes(summaries):
+            info = settings.models.get(schemes[scheme], {})
+            md.append(f"| {scheme} | `{schemes[scheme]}` | {info.get('dtype', '–')} | {info.get('device', '–')} | "
+                      f"{info.get('quantization', '–')} | {info.get('max_concurrent_sequences') or '–'} | "
+                      f"{info.get('kv_blocks') or '–'} |")
+        md.append("")
+    return md
+
+
 def _headline(closed: list[RunSummary], sweep: SweepResult | None, settings: ReportSettings) -> list[str]:
     top = max((s.concurrency for s in closed), default=None)
     at_top = {s.scheme: s for s in closed if s.concurrency == top}
     schemes = _schemes(closed + (sweep.points if sweep else []))
-    rows = ["| | " + " | ".join(f"`{x}`" for x in schemes) + " |", "|---|" + "---:|" * len(schemes)]
+    models = {s.scheme: s.model for s in closed + (sweep.points if sweep else [])}
+
+    def head(x: str) -> str:
+        cap = settings.models.get(models.get(x, ""), {}).get("max_concurrent_sequences")
+        shipped = " (as shipped: admission by KV memory)" if x == "inflight_shipped" else ""
+        return f"`{x}`" + (f" ≤{cap} sequences{shipped}" if cap else shipped)
+
+    rows = ["| | " + " | ".join(head(x) for x in schemes) + " |", "|---|" + "---:|" * len(schemes)]
 
     def row(label, value):
         rows.append(f"| {label} | " + " | ".join(value(x) for x in schemes) + " |")
@@ -324,8 +352,9 @@ def _headline(closed: list[RunSummary], sweep: SweepResult | None, settings: Rep
         row(f"output tokens/s ({top} users, closed loop)", closed_value("tokens_per_s"))
         row("median time to first token (ms)", closed_value("ttft_p50", "ms"))
         row("p90 end-to-end (s)", closed_value("e2e_p90"))
-        row("waste: computed rows that made no token", lambda x: _fmt(1 - at_top[x].slot_utilisation, "%")
-            if x in at_top and at_top[x].slot_utilisation is not None else "–")
+        row("waste: rows computed that made no token", closed_value("waste", "%"))
+        row("of them padding: finished members kept in a batch", closed_value("padding_share", "%"))
+        row("occupancy: sequences computed / the cap allows", closed_value("occupancy", "%"))
         if any(s.core_s_per_1k_tokens is not None for s in at_top.values()):
             row("server core-seconds per 1,000 output tokens", closed_value("core_s_per_1k_tokens"))
         if any(s.gpu_s_per_1k_tokens is not None for s in at_top.values()):
@@ -342,9 +371,11 @@ def _sweep_tables(sweep: SweepResult) -> list[str]:
         md += [f"No capacity: {sweep.problem}.", ""]
     else:
         md += [f"SLO: mean normalized latency ≤ {sweep.slo.normalized_s:.3g} s per output token and p90 end-to-end "
-               f"≤ {sweep.slo.e2e_p90_s:.3g} s, every request answered ({sweep.slo.how}). Capacity: the highest "
-               "offered rate that meets it, interpolated towards the next rate (log of the worse limit's ratio); "
-               "≥ when even the highest rate met it.", "",
+               f"≤ {sweep.slo.e2e_p90_s:.3g} s, every request answered, and the server keeping up: sustained req/s ≥ {KEEP_UP:g} of the offered rate "
+               f"({sweep.slo.how}). Sustained = (answered − 1) / (first arrival to last answer − the median "
+               "end-to-end latency); offered = (arrivals − 1) / their span. Capacity: the highest offered rate that "
+               "meets it, interpolated towards the next rate (log of the worst ratio); a scheme that met every rate "
+               "was offered more until one missed (≥ only where the time budget ended that first).", "",
                "| scheme | capacity under the SLO | × in-flight's |", "|---|---:|---:|"]
         inflight = sweep.capacities.get("inflight")
         for scheme, cap in sweep.capacities.items():
@@ -354,15 +385,15 @@ def _sweep_tables(sweep: SweepResult) -> list[str]:
         md.append("")
     md += ["| offered (req/s) | scheme | answered / planned | errors | cut off | req/s | output tok/s | "
            "TTFT p50 (s) | TTFT p90 (s) | e2e p90 (s) | norm. latency (s/tok) | queue wait (s) | late p90 (s) | "
-           "slot util. | SLO |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "sustained / offered (req/s) | waste | SLO |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for s in sorted(sweep.points, key=lambda s: (s.arrival_rate, SCHEME_ORDER.get(s.scheme, 9))):
         verdict = "–" if sweep.slo is None else ("met" if sweep.slo.met(s) else (
             "missed" if complete(s) else "missed (unanswered)"))
         md.append(f"| {s.arrival_rate:g} | {s.scheme} | {s.ok} / {s.planned} | {s.errors} | {s.interrupted} | "
                   f"{_fmt(s.requests_per_s)} | {_fmt(s.tokens_per_s)} | {_fmt(s.ttft_p50)} | {_fmt(s.ttft_p90)} | "
                   f"{_fmt(s.e2e_p90)} | {_fmt(s.normalized_latency)} | {_fmt(s.queue_wait_s)} | {_fmt(s.late_p90)} | "
-                  f"{_fmt(s.slot_utilisation, '%')} | {verdict} |")
+                  f"{_fmt(s.sustained_rps)} / {_fmt(s.offered_rps)} | {_fmt(s.waste, '%')} | {verdict} |")
     return md
 
 
@@ -375,22 +406,28 @@ def _targets(closed: list[RunSummary], sweep: SweepResult | None, settings: Repo
             cap = sweep.capacities.get(other)
             if cap is None:
                 continue
-            if cap.rate is None or inflight.rate is None:
-                md.append(f"- in-flight capacity ≥ 2x {other}'s: in-flight {inflight}, {other} {cap}")
+            if cap.rate is None or inflight.rate is None or inflight.bound != "=" or cap.bound != "=":
+                md.append(f"- in-flight capacity ≥ 2.5x {other}'s at the same cap: in-flight {inflight}, {other} "
+                          f"{cap}: not bracketed by a met and a missed rate, no verdict")
                 continue
             ratio = inflight.rate / cap.rate
-            md.append(f"- in-flight capacity ≥ 2x {other}'s: {ratio:.2f}x ({inflight} vs {cap}"
-                      f"{'; in-flight never missed: a lower bound' if inflight.bound == '>=' else ''}) — "
-                      f"{'met' if ratio >= 2 else 'missed'}")
+            md.append(f"- in-flight capacity ≥ 2.5x {other}'s at the same cap: {ratio:.2f}x ({inflight} vs {cap}) — "
+                      f"{'met' if ratio >= 2.5 else 'missed'}")
     if sweep is not None:
         lowest = min(s.arrival_rate for s in sweep.points)
         at = {s.scheme: s for s in sweep.points if s.arrival_rate == lowest}
         if "static" in at and "dynamic" in at and at["static"].queue_wait_s is not None \
                 and at["dynamic"].queue_wait_s:
-            ratio = at["static"].queue_wait_s / at["dynamic"].queue_wait_s
-            md.append(f"- at the lowest rate ({lowest:g} req/s) static's mean queue wait ≥ 10x dynamic's: "
-                      f"{at['static'].queue_wait_s:.3g} s vs {at['dynamic'].queue_wait_s:.3g} s = {ratio:.3g}x — "
-                      f"{'met' if ratio >= 10 else 'missed'}")
+            md.append(f"- (information) at the lowest rate ({lowest:g} req/s) static's mean queue wait is "
+                      f"{at['static'].queue_wait_s / at['dynamic'].queue_wait_s:.3g}x dynamic's "
+                      f"({at['static'].queue_wait_s:.3g} s vs {at['dynamic'].queue_wait_s:.3g} s): it waits for a "
+                      "full batch")
+    top = {s.scheme: s for s in closed if s.concurrency == max((c.concurrency for c in closed), default=0)}
+    for scheme in ("dynamic", "static"):
+        i, o = top.get("inflight"), top.get(scheme)
+        if i is not None and o is not None and i.waste is not None and o.waste is not None:
+            md.append(f"- in-flight waste below {scheme}'s (closed loop, from the models' counters): "
+                      f"{i.waste:.1%} vs {o.waste:.1%} — {'met' if i.waste < o.waste else 'missed'}")
     for users, ideal in sorted(settings.ideal_ratio.items()):
         at = {s.scheme: s for s in closed if s.concurrency == users}
         if "inflight" in at and "dynamic" in at and at["inflight"].tokens_per_s and at["dynamic"].tokens_per_s:
@@ -415,7 +452,7 @@ def plot_sweep(points: list[RunSummary], slo: Slo | None, path: Path) -> Path | 
     panels = [("ttft", "Time to first token (s): p50 —, p90 - -"), ("e2e_p90", "p90 end-to-end (s)"),
               ("normalized_latency", "Normalized latency (s per output token)"),
               ("tokens_per_s", "Achieved output tokens/s"), ("queue_wait_s", "Mean queue wait (s)"),
-              ("slot_utilisation", "Slot utilisation")]
+              ("occupancy", "Occupancy (sequences / cap)")]
     log_panels = ("ttft", "e2e_p90", "normalized_latency", "queue_wait_s")
     fig, axes = plt.subplots(2, 3, figsize=(15, 8))
     for ax, (what, title) in zip(axes.flat, panels):
@@ -485,17 +522,21 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
         ("Time to first token (CDF)", plot_cdfs(shown, plots_dir / "ttft_cdf.png", "ttft")),
         ("End-to-end latency (CDF)", plot_cdfs(shown, plots_dir / "e2e_cdf.png", "e2e")),
         ("Inter-token latency and per-token latency", plot_itl(shown, plots_dir / "itl.png")),
-        ("Slot utilisation over time (from each model's metrics)",
-         plot_utilisation(shown, plots_dir / "slot_utilisation.png")),
+        ("Occupancy and waste over time (from each model's counters)",
+         plot_occupancy(shown, plots_dir / "occupancy.png")),
         ("End-to-end latency against output length", plot_hostage(shown, plots_dir / "e2e_vs_tokens.png")),
     ]
     workloads = sorted({r.info.workload for r in runs if r.info.workload})
     md = [f"# {title}", "", f"Generated {time.strftime('%Y-%m-%d %H:%M:%S')} from `{results_dir}`.", ""]
     if workloads:
         md += ["Workload: " + "; ".join(workloads), ""]
-    md += [*(notes or settings.notes), "", "## Headline", "", *_headline(closed, sweep, settings), "",
-           "Waste = 1 − slot utilisation (Δgeneration tokens / Δ(slots × steps)): rows computed for finished "
-           "requests kept as padding and idle slots. Core-seconds: CPU time of the server's processes during the "
+    md += [*(notes or settings.notes), "", *_what_ran(settings, summaries), "## Headline", "",
+           *_headline(closed, sweep, settings), "",
+           "Waste = rows computed in forwards that made no token / rows computed (Δtritonllm_rows_computed_total, "
+           "Δtritonllm_generation_tokens_total): prompt rows before each prompt's last, and for the batchers finished "
+           "members kept in the batch as padding (the padding row). Occupancy = sequences computed / sequences the "
+           "scheme's cap allows (Δtritonllm_sequence_rows_total / Δtritonllm_slot_steps_total, the cap once per "
+           "forward): how full the scheme kept the rows it may run. Both from each model's own counters. Core-seconds: CPU time of the server's processes during the "
            "run (known when this command started the server). Cost: the machine's price per hour over the "
            "closed-loop run's tokens/s (a machine is billed busy or idle).", ""]
     targets = _targets(closed, sweep, settings)
@@ -513,9 +554,8 @@ def build_report(results_dir: str | Path, title: str = "LLM batching on Triton: 
            "Times are exact percentiles of the raw samples (Locust's own tables round them). Throughput = "
            "output tokens of finished requests / (last end − first start). `dynamic` and `static` answer once "
            "at the end, so their TTFT equals their end-to-end latency and they have no ITL. Goodput counts "
-           f"requests with TTFT ≤ {settings.slo_ttft_s:g} s and TPOT ≤ {settings.slo_tpot_s:g} s. Slot utilisation = "
-           "Δgeneration tokens / Δ(slots × steps) from each model's metrics; 1 − it is the share of computed "
-           "rows that was waste (padding rows of finished requests, idle slots). Triton batch = "
+           f"requests with TTFT ≤ {settings.slo_ttft_s:g} s and TPOT ≤ {settings.slo_tpot_s:g} s. Waste and occupancy as "
+           "in the headline. Triton batch = "
            "Δnv_inference_count / Δnv_inference_exec_count (average batch the batchers formed).", "",
            "## In-flight against the request-level batchers", "", *_ratio_table(summaries), "",
            "Ratios are in-flight ÷ baseline: above 1 is better for tokens/s and req/s, below 1 is better "

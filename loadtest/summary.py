@@ -84,6 +84,8 @@ class RunSummary:
     output_tokens: int
     tokens_per_s: float | None
     requests_per_s: float | None
+    offered_rps: float | None  # open loop: the seeded arrivals' own rate, (n - 1) / their span
+    sustained_rps: float | None  # answered as the server sustained them (`sustained_rps`)
     ttft_p50: float | None
     ttft_p90: float | None
     ttft_p99: float | None
@@ -105,11 +107,45 @@ class RunSummary:
     goodput_rps: float | None  # finished requests/s that met both SLOs
     slo_ttft_s: float
     slo_tpot_s: float
-    slot_utilisation: float | None  # d(tokens) / d(slot steps) over the run; 1 - it is the waste share
+    waste: float | None  # 1 - d(tokens) / d(rows computed): rows that made no token (prompt rows before the last, padding)
+    occupancy: float | None  # d(sequence rows) / d(slot steps): sequences computed per sequence the cap allowed
+    padding_share: float | None  # d(padding rows) / d(rows computed): finished members kept in a batch
     triton_batch_size: float | None  # Triton's d(inference_count) / d(exec_count) over the run
     engine_steps: float | None = None  # Δtritonllm_steps_total: forwards that sampled tokens
     ms_per_step: float | None = None  # the run's duration / its engine steps
     top_errors: list[tuple[str, int]] = field(default_factory=list)
+
+
+def offered_rps(samples: list[Sample]) -> float | None:
+    """The rate the run's arrivals came at: (n - 1) / (last arrival - first); a sample's start is when
+    it was due (its times count from then, however late it was sent)."""
+    arrivals = [s.start for s in samples]
+    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else None
+
+
+def sustained_rps(ok: list[Sample]) -> float | None:
+    """Answered requests per second as the server sustained them: (n - 1) over the time from the first
+    arrival to the last answer less the median end-to-end latency (that time, had every request been
+    answered one latency after it arrived), so that a short window's latency does not read as falling
+    behind and a growing queue does."""
+    if len(ok) < 2:
+        return None
+    span = (max(s.start + s.e2e for s in ok) - min(s.start for s in ok)
+            - float(np.median([s.e2e for s in ok])))
+    return (len(ok) - 1) / span if span > 0 else None
+
+
+def computed_rows(scrapes: list[dict], model: str) -> tuple[float | None, float | None, float | None]:
+    """(waste, occupancy, padding share) of a model over the scrapes, from its own counters."""
+    def d(name):
+        return delta(scrapes, series(f"tritonllm_{name}_total", model=model))
+
+    rows, tokens, padding = d("rows_computed"), d("generation_tokens"), d("padding_rows")
+    sequences, slots = d("sequence_rows"), d("slot_steps")
+    return (1 - tokens / rows if rows and tokens is not None else None,
+            sequences / slots if slots and sequences is not None else None,
+            padding / rows if rows and padding is not None else None)
 
 
 def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None = None,
@@ -130,7 +166,7 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         return (s.ttft is not None and s.ttft <= slo_ttft_s) and (
             not streaming or s.tpot is None or s.tpot <= slo_tpot_s)
 
-    utilisation = batch = triton_queue = engine_queue = gpu_seconds = steps = None
+    waste = occupancy = padding = batch = triton_queue = engine_queue = gpu_seconds = steps = None
     if scrapes:
         steps = delta(scrapes, series("tritonllm_steps_total", model=info.model))
         d_queue_us = delta(scrapes, series("nv_inference_queue_duration_us", model=info.model, version="1"))
@@ -142,13 +178,10 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         if d_engine_s is not None and d_scheduled:
             engine_queue = d_engine_s / d_scheduled
         gpu_seconds = gpu_busy_seconds(scrapes)
-        d_tokens = delta(scrapes, series("tritonllm_generation_tokens_total", model=info.model))
-        d_slots = delta(scrapes, series("tritonllm_slot_steps_total", model=info.model))
-        if d_tokens is not None and d_slots:
-            utilisation = d_tokens / d_slots
+        waste, occupancy, padding = computed_rows(scrapes, info.model)
         d_count = delta(scrapes, series("nv_inference_count", model=info.model, version="1"))
         d_exec = delta(scrapes, series("nv_inference_exec_count", model=info.model, version="1"))
-        if d_count is not None and d_exec and info.scheme != "inflight":  # the in-flight engine batches by itself
+        if d_count is not None and d_exec and not info.scheme.startswith("inflight"):  # the in-flight engine batches by itself
             batch = d_count / d_exec
     return RunSummary(
         name=info.name, scheme=info.scheme, model=info.model, protocol=info.protocol,
@@ -157,6 +190,8 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         error_rate=len(errors) / len(done) if done else None, duration_s=duration, output_tokens=tokens,
         tokens_per_s=tokens / duration if duration else None,
         requests_per_s=len(ok) / duration if duration else None,
+        offered_rps=offered_rps(samples) if info.arrival_rate else None,
+        sustained_rps=sustained_rps(ok) if info.arrival_rate else None,
         ttft_p50=percentile([s.ttft for s in ok], 50), ttft_p90=percentile([s.ttft for s in ok], 90),
         ttft_p99=percentile([s.ttft for s in ok], 99),
         e2e_p50=percentile([s.e2e for s in ok], 50), e2e_p90=percentile([s.e2e for s in ok], 90),
@@ -172,7 +207,7 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         gpu_s_per_1k_tokens=1000 * gpu_seconds / tokens if gpu_seconds and tokens else None,
         goodput_rps=sum(map(meets_slo, ok)) / duration if duration else None,
         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
-        slot_utilisation=utilisation, triton_batch_size=batch,
+        waste=waste, occupancy=occupancy, padding_share=padding, triton_batch_size=batch,
         engine_steps=steps, ms_per_step=1000 * duration / steps if duration and steps else None,
         top_errors=Counter(s.error for s in errors).most_common(3),
     )

@@ -2,10 +2,13 @@
 
 Rates are fractions of a measured saturation throughput (the closed-loop point's best req/s), so
 the sweep spans "well below" to "past" saturation on any machine. A point meets the SLO when every
-planned request was answered (no error, none cut off or left unsent) and both its mean normalized
-latency (end-to-end / output tokens, as the Orca and vLLM papers plot it) and its p90 end-to-end
-latency are within the limits. Capacity is the highest offered rate that meets the SLO,
-interpolated towards the next (failing) rate on a log scale of the worse limit's ratio.
+planned request was answered (no error, none cut off or left unsent), the server kept up (its
+sustained req/s at least KEEP_UP of the offered rate: a queue that grows is not a met point, however
+short the window) and both its mean normalized latency (end-to-end / output tokens, as the Orca and
+vLLM papers plot it) and its p90 end-to-end latency are within the limits. Capacity is the highest
+offered rate that meets the SLO, interpolated towards the next (failing) rate on a log scale of the
+worst ratio; a scheme that met every rate gets more rates (`next_rate`) until one fails, so each
+capacity lies between a met and a missed rate.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from tritonllm_loadtest.summary import RunSummary
 
 LOWEST, HIGHEST = 0.1, 1.6  # of the saturation probe's throughput: well below it to past it
 SLO_SLACK = 1.5  # the automatic SLO: this many times the worst scheme's value at the lowest rate
+KEEP_UP = 0.9  # a met point sustains at least this share of the offered rate
+EXTEND = 1.6  # a scheme that met every rate is offered this many times the highest next
 
 
 def auto_rates(saturation_rps: float, points: int = 5) -> list[float]:
@@ -44,10 +49,13 @@ class Slo:
     how: str  # how the limits were chosen, for the report
 
     def ratio(self, s: RunSummary) -> float:
-        """max(value / limit) over the two limits: <= 1 meets them; inf when a request went unanswered."""
+        """max(value / limit) over the two limits and the keep-up rule: <= 1 meets them all; inf when a
+        request went unanswered."""
         if not complete(s) or s.normalized_latency is None or s.e2e_p90 is None:
             return math.inf
-        return max(s.normalized_latency / self.normalized_s, s.e2e_p90 / self.e2e_p90_s)
+        ratio = max(s.normalized_latency / self.normalized_s, s.e2e_p90 / self.e2e_p90_s)
+        behind = KEEP_UP * s.offered_rps / s.sustained_rps if s.offered_rps and s.sustained_rps else 0.0
+        return max(ratio, behind) if behind > 1 else ratio  # falling behind misses; keeping up adds nothing
 
     def met(self, s: RunSummary) -> bool:
         return self.ratio(s) <= 1.0
@@ -83,13 +91,20 @@ def choose_slo(lowest: list[RunSummary], normalized_s: float | None = None, e2e_
 class Capacity:
     scheme: str
     rate: float | None  # req/s; None when even the lowest rate missed the SLO
-    bound: str  # "=" interpolated between a passing and a failing rate, ">=" no rate failed, "<" none passed
+    bound: str  # "=" between a met and a missed rate, ">=" no rate missed, "<" none was met
     lowest_rate: float
 
     def __str__(self) -> str:
         if self.rate is None:
             return f"< {self.lowest_rate:.3g} req/s"
         return f"{'≥ ' if self.bound == '>=' else ''}{self.rate:.3g} req/s"
+
+
+def next_rate(points: list[RunSummary], slo: Slo) -> float | None:
+    """The rate to offer a scheme next: EXTEND x its highest when it met every rate so far, else None."""
+    if not points or capacity(points, slo).bound != ">=":
+        return None
+    return float(f"{EXTEND * max(s.arrival_rate for s in points):.3g}")
 
 
 def capacity(points: list[RunSummary], slo: Slo) -> Capacity:

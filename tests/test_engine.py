@@ -588,3 +588,32 @@ def test_the_runners_rms_norm_equals_the_models_own_bit_for_bit(dtype):
     for rows in (1, 3, 8, 300):
         x = (torch.randn(rows, 576) * torch.rand(rows, 1) * 30).to(dtype)
         assert torch.equal(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)), f"{rows} rows"
+
+
+def test_waste_and_occupancy_count_what_each_scheme_computes(tiny):
+    """Known answers. In-flight: a prompt of P tokens and N tokens out is P + N - 1 rows, N of which
+    made a token; beside it a second sequence's rows. Request-level batching: a short member stays as
+    padding until the long one ends, one padding row a step."""
+    _, tokenizer = tiny
+    long_prompt, short_prompt = list(range(5, 25)), list(range(30, 36))  # 20 and 6 tokens
+    engine = make_engine(tiny, max_num_seqs=4, max_num_batched_tokens=64)
+    engine.generate([long_prompt], SamplingParams(max_tokens=7, ignore_eos=True))
+    s = engine.stats
+    assert (s.rows_computed, s.tokens_generated, s.padding_rows) == (20 + 6, 7, 0)
+    assert s.waste == 1 - 7 / 26
+    assert (s.sequence_rows, s.slot_steps) == (7, 7 * 4) and s.occupancy == 0.25
+
+    for policy, padding in (("continuous", 0), ("request", 10 - 3)):
+        engine = make_engine(tiny, max_num_seqs=4, max_num_batched_tokens=64, batch_policy=policy)
+        engine.add_request(long_prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+        engine.add_request(short_prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        s = engine.stats
+        assert s.tokens_generated == 13
+        assert s.padding_rows == padding, policy
+        # both prompts in the first forward, then one decode row a live member (and a padding row)
+        assert s.rows_computed == 20 + 6 + (10 - 1) + (3 - 1) + padding, policy
+        assert s.sequence_rows == 2 * 10 if policy == "request" else 10 + 3, policy
+        assert s.slot_steps == 10 * 4
+        assert s.waste == 1 - 13 / s.rows_computed

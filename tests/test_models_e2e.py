@@ -530,21 +530,24 @@ def test_every_model_reports_the_dtype_it_runs(triton_server):
 
 
 def test_every_scheme_counts_tokens_and_slot_steps(triton_server):
-    """The waste counters, the same for all three models: a lone 5-token request is 5 tokens in 5
-    sampling steps that offered a row each per slot (llm_inflight: max_num_seqs; the batchers: 8)."""
+    """The waste and occupancy counters, the same for all three models: a lone 5-token request is its
+    prompt's rows and 4 decode rows, 5 tokens, in 5 forwards of one sequence, each allowing a cap's
+    worth (llm_inflight: max_num_seqs; the batchers: 8)."""
+    names = ("generation_tokens", "prompt_tokens", "rows_computed", "padding_rows", "sequence_rows", "slot_steps")
     for model in ("llm_inflight", *BATCHED):
         slots = int(metric(triton_server, "tritonllm_num_slots", "llm_inflight")) if model == "llm_inflight" else 8
-        tokens0 = metric(triton_server, "tritonllm_generation_tokens_total", model)
-        steps0 = metric(triton_server, "tritonllm_slot_steps_total", model)
+        before = {n: metric(triton_server, f"tritonllm_{n}_total", model) for n in names}
         scheduled0 = metric(triton_server, "tritonllm_requests_scheduled_total", model)
         queued0 = metric(triton_server, "tritonllm_request_queue_seconds_total", model)
-        response = generate(triton_server, model, text_input="Hi", max_tokens=5, ignore_eos=True)
+        response = generate(triton_server, model, text_input="Hi there", max_tokens=5, ignore_eos=True,
+                            return_num_input_tokens=True)
         assert response.status_code == 200, response.text
-        tokens = wait_for_metric(triton_server, "tritonllm_generation_tokens_total", lambda v: v >= tokens0 + 5,
-                                 model=model)
-        steps = wait_for_metric(triton_server, "tritonllm_slot_steps_total", lambda v: v >= steps0 + 5 * slots,
-                                model=model)
-        assert (tokens - tokens0, steps - steps0) == (5, 5 * slots), model
+        prompt = response.json()["num_input_tokens"]
+        wait_for_metric(triton_server, "tritonllm_slot_steps_total", lambda v: v >= before["slot_steps"] + 5 * slots,
+                        model=model)
+        got = {n: metric(triton_server, f"tritonllm_{n}_total", model) - before[n] for n in names}
+        assert got == {"generation_tokens": 5, "prompt_tokens": prompt, "rows_computed": prompt + 4,
+                       "padding_rows": 0, "sequence_rows": 5, "slot_steps": 5 * slots}, model
         # and its wait before its first forward: one request, a wait that is counted and short (nothing queued)
         scheduled = wait_for_metric(triton_server, "tritonllm_requests_scheduled_total",
                                     lambda v: v >= scheduled0 + 1, model=model)

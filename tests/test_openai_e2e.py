@@ -492,7 +492,7 @@ def test_compare_via_openai_runs_every_scheme_through_a_front_it_starts(triton_s
     assert "through the OpenAI front" in text
     runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
     assert all(r["finished"] == 8 and r["errors"] == 0 for r in runs.values()), runs
-    assert runs["inflight"]["slot_utilisation"] is not None  # Triton's metrics still scraped per model
+    assert runs["inflight"]["waste"] is not None  # Triton's metrics still scraped per model
     indexes = {s: sorted((x.index, x.expected_tokens, x.output_tokens) for x in load_samples(out / "runs" / f"{s}-c8"))
                for s in runs}
     assert indexes["inflight"] == indexes["dynamic"]  # the same requests, the exact token counts

@@ -71,7 +71,7 @@ def run_engine(model, tokenizer, workload, slots: int, budget: int, policy: str 
     tokens = engine.stats.tokens_generated
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
             "tokens_per_s_while_waiting": busy_tokens / busy_seconds if busy_seconds else None,
-            "slot_utilisation": engine.stats.slot_utilisation,
+            "waste": engine.stats.waste, "occupancy": engine.stats.occupancy,
             "slot_utilisation_while_waiting": busy_tokens / busy_slot_steps if busy_slot_steps else None,
             "steps": engine.stats.steps}
 
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             if "tokens_per_s" in results.get(f"ceiling-{variant}", {}) and "tokens_per_s" in results.get("ceiling", {}):
                 print(f"  ceiling / ceiling-{variant} = "
                       f"{results['ceiling']['tokens_per_s'] / results[f'ceiling-{variant}']['tokens_per_s']:.2f}")
-        print(f"slot utilisation: {engine['slot_utilisation']:.3f} overall, "
+        print(f"waste {engine['waste']:.3f}, occupancy {engine['occupancy']:.3f}; slot utilisation "
               f"{engine['slot_utilisation_while_waiting'] or 0:.3f} while requests were waiting")
     if args.json:
         with open(args.json, "w") as f:

@@ -37,7 +37,11 @@ class EngineStats:
     decode_steps: int = 0  # forwards that produced at least one token
     tokens_generated: int = 0
     prompt_tokens: int = 0
-    slot_steps: int = 0  # slots x decode steps: the token capacity offered
+    # What each forward computed, every scheme counted alike (report: waste and occupancy).
+    rows_computed: int = 0  # token rows of every forward: prompt rows, decode rows, padding rows
+    padding_rows: int = 0  # rows of finished members kept in a request-level batch (no token)
+    sequence_rows: int = 0  # sequences in every forward (padding members included)
+    slot_steps: int = 0  # max_num_seqs x forwards: the sequences the cap allowed
     requests_scheduled: int = 0  # requests that got their first forward
     queue_seconds: float = 0.0  # summed over them: arrival at the engine to first forward
     preemptions: int = 0  # sequences preempted for KV blocks (the scheduler's count)
@@ -45,8 +49,14 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of them, found
 
     @property
-    def slot_utilisation(self) -> float:
-        return self.tokens_generated / self.slot_steps if self.slot_steps else 0.0
+    def waste(self) -> float:
+        """Rows computed that made no token / rows computed: prompt rows before a prompt's last, padding."""
+        return 1 - self.tokens_generated / self.rows_computed if self.rows_computed else 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """Sequences computed / sequences the cap allowed, over every forward."""
+        return self.sequence_rows / self.slot_steps if self.slot_steps else 0.0
 
 
 class LLMEngine:
@@ -194,6 +204,7 @@ class LLMEngine:
         batch = [Chunk(c.seq.block_table, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
                        c.start, c.samples, c.seq.num_prompt) for c in chunks]
         logits = self.runner.forward(batch)
+        self._count_rows(batch, chunks)
         for c in chunks:
             if c.padding:
                 continue
@@ -205,7 +216,6 @@ class LLMEngine:
         if not sampling:
             return []
         self.stats.decode_steps += 1
-        self.stats.slot_steps += self.config.max_num_seqs
         self.stats.tokens_generated += len(sampling)
         now = time.perf_counter()
         outputs = []
@@ -213,6 +223,13 @@ class LLMEngine:
             reason = self._append_token(seq, token, now)
             outputs.append(self._finish(seq, reason) if reason else (self._output(seq), seq))
         return outputs
+
+    def _count_rows(self, batch: list[Chunk], chunks) -> None:
+        stats = self.stats
+        stats.rows_computed += sum(len(b.token_ids) for b in batch)
+        stats.padding_rows += sum(1 for c in chunks if c.padding)
+        stats.sequence_rows += len(batch)
+        stats.slot_steps += self.config.max_num_seqs
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> str | None:
         """Record one sampled token; return a finish reason if the sequence is done."""

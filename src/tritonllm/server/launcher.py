@@ -459,18 +459,26 @@ def repository_index(server: TritonServer) -> list[dict]:
         return json.loads(resp.read())
 
 
-def model_runs(metrics_url: str) -> dict[str, str]:
-    """model -> "bfloat16 on cpu": what each of our models reports it runs (tritonllm_model_info)."""
+def model_info(metrics_url: str) -> dict[str, dict[str, str]]:
+    """model -> its tritonllm_model_info labels (dtype, device, quantization): what it really runs."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=10) as resp:
             text = resp.read().decode()
     except OSError:
         return {}
-    runs = {}
+    info = {}
     for labels in re.findall(r"^tritonllm_model_info\{([^}]*)\}", text, re.M):
         fields = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        info[fields.pop("model", "?")] = fields
+    return info
+
+
+def model_runs(metrics_url: str) -> dict[str, str]:
+    """model -> "bfloat16 on cpu": what each of our models reports it runs (tritonllm_model_info)."""
+    runs = {}
+    for model, fields in model_info(metrics_url).items():
         quantized = f", {fields['quantization']} weights" if fields.get("quantization", "none") != "none" else ""
-        runs[fields.get("model", "?")] = f"{fields.get('dtype', '?')}{quantized} on {fields.get('device', '?')}"
+        runs[model] = f"{fields.get('dtype', '?')}{quantized} on {fields.get('device', '?')}"
     return runs
 
 

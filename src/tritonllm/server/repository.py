@@ -10,12 +10,13 @@ from pathlib import Path
 from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
 
 
-def configured_repository(dest: Path, models: dict[str, dict[str, str]]) -> Path:
+def configured_repository(dest: Path, models: dict[str, dict[str, str]], sources: dict[str, str] | None = None) -> Path:
     """A copy of model_repository/ with only `models`, each config.pbtxt given its settings:
     {parameter: value}, added where the file has none; `max_batch_size` and `preferred_batch_size`
-    set those fields."""
+    set those fields. `sources`: {model: shipped model it is a copy of}, for a model under another name."""
     for model, settings in models.items():
-        shutil.copytree(DEFAULT_MODEL_REPOSITORY / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+        source = (sources or {}).get(model, model)
+        shutil.copytree(DEFAULT_MODEL_REPOSITORY / source, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
         config = dest / model / "config.pbtxt"
         text = config.read_text()
         for key, value in settings.items():

@@ -1,9 +1,10 @@
 """Prometheus metrics of our models, exported through Triton's metrics port (`/metrics`).
 
 All three models export the engine's counters under the same names (`EngineCounters`), so a
-scraper gets rates (tokens/s) and slot utilisation of every scheme over any window:
-d(generation_tokens) / d(slot_steps); 1 minus that is the share of computed rows that was waste
-(padding rows of finished requests, idle slots). `llm_inflight` adds gauges and latency
+scraper gets rates (tokens/s), waste and occupancy of every scheme over any window: waste =
+1 - d(generation_tokens) / d(rows_computed) (rows that made no token: prompt rows before a
+prompt's last, padding rows of finished members), occupancy = d(sequence_rows) / d(slot_steps)
+(sequences computed per sequence the cap allowed). `llm_inflight` adds gauges and latency
 histograms, updated from its sender thread, never from the engine's stepping thread.
 
 The same values go out under the names vLLM exports too (`vllm:num_requests_waiting`, ... with a
@@ -68,8 +69,14 @@ class EngineCounters:
             "prompt_tokens": self._metric("tritonllm_prompt_tokens_total", "Prompt tokens prefilled", Family.COUNTER, labels),
             "tokens_generated": self._metric("tritonllm_generation_tokens_total", "Tokens generated", Family.COUNTER, labels),
             "decode_steps": self._metric("tritonllm_steps_total", "Engine steps that generated tokens", Family.COUNTER, labels),
-            "slot_steps": self._metric("tritonllm_slot_steps_total", "Slots x steps: token capacity offered "
-                                       "(padding rows and idle slots included)", Family.COUNTER, labels),
+            "rows_computed": self._metric("tritonllm_rows_computed_total", "Token rows computed by forwards (prompt, "
+                                          "decode and padding rows)", Family.COUNTER, labels),
+            "padding_rows": self._metric("tritonllm_padding_rows_total", "Rows of finished batch members kept as "
+                                         "padding", Family.COUNTER, labels),
+            "sequence_rows": self._metric("tritonllm_sequence_rows_total", "Sequences in forwards, summed (padding "
+                                          "members included)", Family.COUNTER, labels),
+            "slot_steps": self._metric("tritonllm_slot_steps_total", "Cap on sequences (max_num_seqs) x forwards: "
+                                       "the sequences the cap allowed", Family.COUNTER, labels),
             "requests_scheduled": self._metric("tritonllm_requests_scheduled_total", "Requests that got their first "
                                                "forward", Family.COUNTER, labels),
             "queue_seconds": self._metric("tritonllm_request_queue_seconds_total", "Seconds requests waited in the "
@@ -134,8 +141,8 @@ class InflightMetrics(EngineCounters):
         self.kv_blocks = self._metric("tritonllm_kv_cache_blocks", "KV cache blocks of the pool "
                                       f"({engine.config.block_size} tokens each)", Family.GAUGE, labels)
         self.kv_blocks.set(engine.scheduler.blocks.num_usable)
-        self.utilisation = self._metric("tritonllm_slot_utilisation_ratio",
-                                        "Tokens generated / (slots x steps), since start", Family.GAUGE, labels)
+        self.occupancy = self._metric("tritonllm_occupancy_ratio", "Sequences computed / sequences the cap "
+                                      "allowed, over every forward since start", Family.GAUGE, labels)
         self.ttft = self._histogram("tritonllm_time_to_first_token_seconds", "Time to first token", labels, LATENCY_BUCKETS)
         self.tpot = self._histogram("tritonllm_time_per_output_token_seconds", "Time per output token after the first",
                                     labels, TOKEN_GAP_BUCKETS)
@@ -156,7 +163,7 @@ class InflightMetrics(EngineCounters):
         blocks = self.engine.scheduler.blocks
         self.kv_usage.set(blocks.usage)
         self.kv_blocks_used.set(blocks.num_usable - blocks.num_free)
-        self.utilisation.set(stats.slot_utilisation)
+        self.occupancy.set(stats.occupancy)
 
     def observe_finished(self, out: RequestOutput) -> None:
         reason = out.finish_reason or "unknown"
