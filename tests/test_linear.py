@@ -155,3 +155,21 @@ def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkey
         results[invariant, "calls"] = per_weight / (4 * len(runner.layers))
     assert results[True, "calls"] == 2 and results[False, "calls"] == 1  # 6 rows: 4 + 2, or all 6
     torch.testing.assert_close(results[True], results[False], atol=0.1, rtol=0.05)  # the same model either way
+
+
+def test_the_row_block_is_checked_at_load_and_cut_where_a_kernel_changes_bits():
+    """Calls of any row count (no AMX) or of 32 (AMX) are checked per weight at load; a kernel that
+    gives a row other bits past 8 rows (as oneDNN's AMX kernel does past 32) gets calls of 8."""
+    from tritonllm.engine.linear import checked_row_block
+
+    def exact(x):  # every row computed by itself
+        return x[:, :16] * 2
+
+    def past8(x):
+        return exact(x) + (x.shape[0] > 8) * 1e-3
+
+    assert checked_row_block(exact, 32, torch.float32, None) is None
+    assert checked_row_block(exact, 32, torch.float32, 32) == 32
+    assert checked_row_block(past8, 32, torch.float32, None) == 8
+    assert checked_row_block(past8, 32, torch.float32, 32) == 8
+    assert checked_row_block(lambda x: exact(x) + (x.shape[0] > 1) * 1e-3, 32, torch.float32, None) == 1

@@ -10,7 +10,8 @@
   copied: oneDNN reads it twice; 15 us less a call than `repeat` here, the same bits).
   With AMX (Intel) oneDNN picks its kernel and blocking by the row count: a row gets the bits it
   gets alone only in calls of at most 32 rows here (measured on the model's shapes; without AMX,
-  any count). So where the CPU has AMX, a step's rows are cut into calls that give every row the
+  any count). Both are CPU-dependent, so each weight's row block is checked at load
+  (`checked_row_block`) and cut where a call of that many rows changed a row's bits. So where the CPU has AMX, a step's rows are cut into calls that give every row the
   same bits whatever shares the step (`call_ranges`): decode rows go in calls of at most 32, and a
   prompt's tiles (rows always computed together) in calls of their own. Those run a whole number
   of 64 rows (a partial tile padded), where oneDNN gives a row the same bits in a call of 64, 128
@@ -82,9 +83,24 @@ def _tile_rows(packed: torch.Tensor, fan_in: int, dtype: torch.dtype) -> int:
 
 
 def invariant_row_block() -> int | None:
-    """The most rows per call that keep every row's bits: AMX_ROW_BLOCK where oneDNN runs AMX
-    (CPU-dependent: cpu_isa.py's switch), else no limit (None)."""
+    """The most rows per call that keep every row's bits, as known of the CPU: AMX_ROW_BLOCK where
+    oneDNN runs AMX (CPU-dependent: cpu_isa.py's switch), else no limit (None); `checked_row_block`
+    checks it per weight at load."""
     return AMX_ROW_BLOCK if cpu_isa.amx_enabled() else None
+
+
+def checked_row_block(multiply, fan_in: int, dtype: torch.dtype, block: int | None) -> int | None:
+    """`block` (None: no limit) if random rows multiplied (`multiply(x)`) in calls of that many rows get
+    the bits each gets alone, else the largest smaller power of two that does (1: a row a call)."""
+    rows = (block or 24) + 9  # whole calls and a partial one
+    x = torch.randn(rows, fan_in, generator=torch.Generator().manual_seed(1)).to(dtype)
+    alone = torch.cat([multiply(x[i:i + 1]) for i in range(rows)])
+    size = block or rows
+    while size > 1:
+        if torch.equal(torch.cat([multiply(x[i:i + size]) for i in range(0, rows, size)]), alone):
+            return block if size == (block or rows) else size
+        size = 1 << (size - 1).bit_length() - 1 if size & (size - 1) else size // 2
+    return 1
 
 
 def prepack_enabled(dtype: torch.dtype, device: torch.device) -> bool:
@@ -101,7 +117,8 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
         return Int8Weight.of(weight)
     if prepack_enabled(weight.dtype, weight.device):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
-        block = invariant_row_block()
+        block = checked_row_block(lambda x: _packed_call(x, packed, None), weight.shape[1], weight.dtype,
+                                  invariant_row_block())
         tile_rows = None if block is None else _tile_rows(packed, weight.shape[1], weight.dtype)
         return PackedWeight(packed, weight.numel() * weight.element_size(), block, tile_rows)
     return weight
