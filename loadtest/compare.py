@@ -321,16 +321,21 @@ class Target:
 def comparison_repository(dest: Path, schemes: list[str]) -> Path:
     """The shipped models, llm_inflight capped at the batchers' max_batch_size on concurrent sequences,
     and (for inflight_shipped) llm_inflight as shipped under the name llm_inflight_shipped."""
-    from tritonllm.server.repository import configured_repository, read_config
+    from tritonllm.server.repository import configured_repository
 
     if dest.exists():
         shutil.rmtree(dest)
-    text, _ = read_config("llm_dynamic")
-    cap = re.search(r"(?m)^max_batch_size: (\d+)", text).group(1)
     models = {m: {} for s, m in SCHEMES.items() if s in schemes}
     if SAME_CAP in models:
-        models[SAME_CAP] = {"max_num_seqs": cap}
+        models[SAME_CAP] = {"max_num_seqs": str(batch_cap())}
     return configured_repository(dest, models, {SHIPPED: SAME_CAP})
+
+
+def batch_cap() -> int:
+    """The batchers' max_batch_size as shipped: the cap llm_inflight gets in a server this command starts."""
+    from tritonllm.server.repository import read_config
+
+    return int(re.search(r"(?m)^max_batch_size: (\d+)", read_config("llm_dynamic")[0]).group(1))
 
 
 def served_models(target: Target) -> dict[str, dict]:
@@ -494,8 +499,8 @@ class Comparison:
         self.summaries: list[RunSummary] = []
         self.warm: set[str] = set()
 
-    def run(self, point: Point) -> list[RunSummary]:
-        return [self.run_one(scheme, point) for scheme in self.args.schemes]
+    def run(self, point: Point, schemes: list[str] | None = None) -> list[RunSummary]:
+        return [self.run_one(scheme, point) for scheme in schemes or self.args.schemes]
 
     def run_one(self, scheme: str, point: Point) -> RunSummary:
         args, target = self.args, self.target
@@ -639,7 +644,11 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
                                           or "unknown (no tritonllm_model_info on the metrics page)") + "."
         log(target.note)
         comparison = Comparison(args, target, workload, out, before_scheme)
-        closed = [s for point in closed_loop_points(args) for s in comparison.run(point)]
+        # Closed loop, `inflight_shipped` would run what `inflight` runs wherever the users are no more than
+        # the batchers' cap (8 by default): it runs where more users than that ask for it.
+        closed = [s for point in closed_loop_points(args)
+                  for s in comparison.run(point, [x for x in args.schemes
+                                                  if x != "inflight_shipped" or point.users > batch_cap()])]
         rates = [] if args.rates == "none" else sweep_rates(args, closed)
         run_sweep(args, comparison, rates, t_start)
     command = "tritonllm-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
