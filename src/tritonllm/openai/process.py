@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tritonllm.server.children import die_with_parent
+
 
 class FrontStartError(RuntimeError):
     """The front exited or did not become ready in time."""
@@ -68,7 +70,7 @@ class OpenAIFront:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as log:
             self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env)
+                                            stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
         deadline = time.monotonic() + self.ready_timeout
         while True:
             if self.process.poll() is not None:

@@ -9,6 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tritonllm.server.children import die_with_parent
 from tritonllm.server.launcher import find_free_ports
 
 
@@ -37,7 +38,8 @@ class PeerServer:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "wb") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=die_with_parent)
         started = time.monotonic()
         while time.monotonic() - started < self.ready_timeout:
             if self.process.poll() is not None:

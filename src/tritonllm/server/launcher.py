@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from tritonllm.openai.process import FrontStartError, OpenAIFront
+from tritonllm.server.children import die_with_parent
 
 PYVER = f"{sys.version_info.major}.{sys.version_info.minor}"
 DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
@@ -291,7 +292,7 @@ class TritonServer:
             self.process = subprocess.Popen(
                 self.command(home), stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, env=server_env(self.env_overrides, wheel_libs=installed is None),
-                start_new_session=True,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         try:
             problem = self._wait_ready(t0)
