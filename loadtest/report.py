@@ -371,9 +371,10 @@ def _sweep_tables(sweep: SweepResult) -> list[str]:
         md += [f"No capacity: {sweep.problem}.", ""]
     else:
         md += [f"SLO: mean normalized latency ≤ {sweep.slo.normalized_s:.3g} s per output token and p90 end-to-end "
-               f"≤ {sweep.slo.e2e_p90_s:.3g} s, every request answered, and the server keeping up: sustained req/s ≥ {KEEP_UP:g} of the offered rate "
-               f"({sweep.slo.how}). Sustained = (answered − 1) / (first arrival to last answer − the median "
-               "end-to-end latency); offered = (arrivals − 1) / their span. Capacity: the highest offered rate that "
+               f"≤ {sweep.slo.e2e_p90_s:.3g} s, every request answered, and the server keeping up ({sweep.slo.how}). Keeping up: over the arrival "
+               "window W, offered = (arrivals − 1) / W; sustained = answers within W shifted by the median "
+               f"end-to-end latency, / W; it must reach {KEEP_UP:g} of the offered less one standard deviation of "
+               "the count (√(arrivals − 1) / W). Capacity: the highest offered rate that "
                "meets it, interpolated towards the next rate (log of the worst ratio); a scheme that met every rate "
                "was offered more until one missed (≥ only where the time budget ended that first).", "",
                "| scheme | capacity under the SLO | × in-flight's |", "|---|---:|---:|"]
@@ -394,6 +395,8 @@ def _sweep_tables(sweep: SweepResult) -> list[str]:
                   f"{_fmt(s.requests_per_s)} | {_fmt(s.tokens_per_s)} | {_fmt(s.ttft_p50)} | {_fmt(s.ttft_p90)} | "
                   f"{_fmt(s.e2e_p90)} | {_fmt(s.normalized_latency)} | {_fmt(s.queue_wait_s)} | {_fmt(s.late_p90)} | "
                   f"{_fmt(s.sustained_rps)} / {_fmt(s.offered_rps)} | {_fmt(s.waste, '%')} | {verdict} |")
+    md += ["", "Sustained / offered: the server kept up where sustained ≥ the floor "
+           f"({KEEP_UP:g} x offered less one standard deviation of the count)."]
     return md
 
 

@@ -8,6 +8,7 @@ run (`interrupted`) count neither as finished nor as errors.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,8 +85,9 @@ class RunSummary:
     output_tokens: int
     tokens_per_s: float | None
     requests_per_s: float | None
-    offered_rps: float | None  # open loop: the seeded arrivals' own rate, (n - 1) / their span
-    sustained_rps: float | None  # answered as the server sustained them (`sustained_rps`)
+    offered_rps: float | None  # open loop: the arrivals' own rate, (n - 1) / their span (`keeping_up`)
+    sustained_rps: float | None  # open loop: answered in the arrival window shifted by the median latency, per s
+    keep_up_floor_rps: float | None  # open loop: the least sustained rate that is keeping up
     ttft_p50: float | None
     ttft_p90: float | None
     ttft_p99: float | None
@@ -116,24 +118,26 @@ class RunSummary:
     top_errors: list[tuple[str, int]] = field(default_factory=list)
 
 
-def offered_rps(samples: list[Sample]) -> float | None:
-    """The rate the run's arrivals came at: (n - 1) / (last arrival - first); a sample's start is when
-    it was due (its times count from then, however late it was sent)."""
-    arrivals = [s.start for s in samples]
-    span = max(arrivals) - min(arrivals) if len(arrivals) > 1 else 0.0
-    return (len(arrivals) - 1) / span if span > 0 else None
+KEEP_UP = 0.9  # a server keeps up when it sustains this share of the offered rate (less the count's noise)
 
 
-def sustained_rps(ok: list[Sample]) -> float | None:
-    """Answered requests per second as the server sustained them: (n - 1) over the time from the first
-    arrival to the last answer less the median end-to-end latency (that time, had every request been
-    answered one latency after it arrived), so that a short window's latency does not read as falling
-    behind and a growing queue does."""
-    if len(ok) < 2:
-        return None
-    span = (max(s.start + s.e2e for s in ok) - min(s.start for s in ok)
-            - float(np.median([s.e2e for s in ok])))
-    return (len(ok) - 1) / span if span > 0 else None
+def keeping_up(samples: list[Sample], ok: list[Sample], rate: float) -> dict:
+    """Whether an open-loop point's server kept up with its arrivals, as rates over the arrival window W
+    (first to last arrival; a sample's start is when it was due): offered = (n - 1) / W; sustained =
+    answers that came within W shifted by the median end-to-end latency, / W (so a short window's
+    latency does not read as falling behind, and a growing queue does); the floor = (KEEP_UP (n - 1) -
+    sqrt(n - 1)) / W: KEEP_UP of the offered, less one standard deviation of a count of n - 1
+    (heavy-tailed lengths move single answers across the window's edges)."""
+    none = {"offered_rps": None, "sustained_rps": None, "keep_up_floor_rps": None}
+    arrivals = sorted(s.start for s in samples)
+    if not rate or len(arrivals) < 2 or arrivals[-1] <= arrivals[0] or not ok:
+        return none
+    first, last, n = arrivals[0], arrivals[-1], len(arrivals)
+    window = last - first
+    shift = float(np.median([s.e2e for s in ok]))
+    answered = sum(first + shift <= s.start + s.e2e <= last + shift for s in ok)
+    return {"offered_rps": (n - 1) / window, "sustained_rps": answered / window,
+            "keep_up_floor_rps": max(0.0, KEEP_UP * (n - 1) - math.sqrt(n - 1)) / window}
 
 
 def computed_rows(scrapes: list[dict], model: str) -> tuple[float | None, float | None, float | None]:
@@ -190,8 +194,7 @@ def summarize(info: RunInfo, samples: list[Sample], scrapes: list[dict] | None =
         error_rate=len(errors) / len(done) if done else None, duration_s=duration, output_tokens=tokens,
         tokens_per_s=tokens / duration if duration else None,
         requests_per_s=len(ok) / duration if duration else None,
-        offered_rps=offered_rps(samples) if info.arrival_rate else None,
-        sustained_rps=sustained_rps(ok) if info.arrival_rate else None,
+        **keeping_up(samples, ok, info.arrival_rate),
         ttft_p50=percentile([s.ttft for s in ok], 50), ttft_p90=percentile([s.ttft for s in ok], 90),
         ttft_p99=percentile([s.ttft for s in ok], 99),
         e2e_p50=percentile([s.e2e for s in ok], 50), e2e_p90=percentile([s.e2e for s in ok], 90),

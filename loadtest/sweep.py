@@ -2,9 +2,8 @@
 
 Rates are fractions of a measured saturation throughput (the closed-loop point's best req/s), so
 the sweep spans "well below" to "past" saturation on any machine. A point meets the SLO when every
-planned request was answered (no error, none cut off or left unsent), the server kept up (its
-sustained req/s at least KEEP_UP of the offered rate: a queue that grows is not a met point, however
-short the window) and both its mean normalized latency (end-to-end / output tokens, as the Orca and
+planned request was answered (no error, none cut off or left unsent), the server kept up
+(summary.keeping_up: a queue that grows is not a met point, however short the window) and both its mean normalized latency (end-to-end / output tokens, as the Orca and
 vLLM papers plot it) and its p90 end-to-end latency are within the limits. Capacity is the highest
 offered rate that meets the SLO, interpolated towards the next (failing) rate on a log scale of the
 worst ratio; a scheme that met every rate gets more rates (`next_rate`) until one fails, so each
@@ -16,11 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tritonllm_loadtest.summary import RunSummary
+from tritonllm_loadtest.summary import KEEP_UP, RunSummary  # noqa: F401 (KEEP_UP: the report's)
 
 LOWEST, HIGHEST = 0.1, 1.6  # of the saturation probe's throughput: well below it to past it
 SLO_SLACK = 1.5  # the automatic SLO: this many times the worst scheme's value at the lowest rate
-KEEP_UP = 0.9  # a met point sustains at least this share of the offered rate
 EXTEND = 1.6  # a scheme that met every rate is offered this many times the highest next
 
 
@@ -54,7 +52,8 @@ class Slo:
         if not complete(s) or s.normalized_latency is None or s.e2e_p90 is None:
             return math.inf
         ratio = max(s.normalized_latency / self.normalized_s, s.e2e_p90 / self.e2e_p90_s)
-        behind = KEEP_UP * s.offered_rps / s.sustained_rps if s.offered_rps and s.sustained_rps else 0.0
+        floor = s.keep_up_floor_rps or 0.0
+        behind = math.inf if floor and not s.sustained_rps else floor / s.sustained_rps if floor else 0.0
         return max(ratio, behind) if behind > 1 else ratio  # falling behind misses; keeping up adds nothing
 
     def met(self, s: RunSummary) -> bool:
