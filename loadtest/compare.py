@@ -359,12 +359,17 @@ def served_models(target: Target) -> dict[str, dict]:
 
 
 def machine() -> dict:
-    """The load generator's machine (the server's too when this command started it)."""
-    import torch
+    """The load generator's machine (the server's too when this command started it); the load test's
+    image has no torch, so its version is read from the installed package's metadata, if any."""
+    import importlib.metadata
 
     from tritonllm.engine import cpu_isa
 
-    return {**cpu_isa.describe(), "torch": torch.__version__}
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    return {**cpu_isa.describe(), "torch": torch_version}
 
 
 def check_models(target: Target, models: list[str]) -> None:

@@ -646,7 +646,7 @@ def test_compare_adds_an_openai_compatible_server_as_a_row(triton_server, tmp_pa
     finally:
         fake.close()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Models run: llm_dynamic in float32 on cpu" in proc.stdout  # what the Triton models really run
+    assert "Models run: llm_dynamic: float32 on cpu, ≤8 sequences at once" in proc.stdout  # what the models run
     text = (out / "report.md").read_text()
     assert "| other-server-c8 | other-server | openai-sse |" in text
     runs = {r["scheme"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}

@@ -57,6 +57,25 @@ class _Twins:
             m.observe(value)
 
 
+# (EngineStats field, counter, description): the engine's cumulative stats, exported alike by every scheme.
+ENGINE_COUNTERS = [
+    ("prompt_tokens", "tritonllm_prompt_tokens_total", "Prompt tokens prefilled"),
+    ("tokens_generated", "tritonllm_generation_tokens_total", "Tokens generated"),
+    ("decode_steps", "tritonllm_steps_total", "Engine steps that generated tokens"),
+    ("rows_computed", "tritonllm_rows_computed_total", "Token rows computed by forwards (prompt, decode and padding rows)"),
+    ("padding_rows", "tritonllm_padding_rows_total", "Rows of finished batch members kept as padding"),
+    ("sequence_rows", "tritonllm_sequence_rows_total", "Sequences in forwards, summed (padding members included)"),
+    ("slot_steps", "tritonllm_slot_steps_total", "Cap on sequences (max_num_seqs) x forwards: the sequences the cap "
+     "allowed"),
+    ("requests_scheduled", "tritonllm_requests_scheduled_total", "Requests that got their first forward"),
+    ("queue_seconds", "tritonllm_request_queue_seconds_total", "Seconds requests waited in the engine before their "
+     "first forward (summed)"),
+    ("preemptions", "tritonllm_num_preemptions_total", "Sequences preempted for KV blocks (recomputed later)"),
+    ("prefix_cache_queries", "tritonllm_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache"),
+    ("prefix_cache_hits", "tritonllm_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed)"),
+]
+
+
 class EngineCounters:
     """The engine's cumulative stats as counters; the same for every scheme."""
 
@@ -65,29 +84,8 @@ class EngineCounters:
         self.families = []  # a family must outlive its metrics
         Family = pb_utils.MetricFamily  # set by the stub after model.py is imported: look it up here
         self.labels = labels = {"model": model_name}
-        self.counters = {  # engine stat name -> counter
-            "prompt_tokens": self._metric("tritonllm_prompt_tokens_total", "Prompt tokens prefilled", Family.COUNTER, labels),
-            "tokens_generated": self._metric("tritonllm_generation_tokens_total", "Tokens generated", Family.COUNTER, labels),
-            "decode_steps": self._metric("tritonllm_steps_total", "Engine steps that generated tokens", Family.COUNTER, labels),
-            "rows_computed": self._metric("tritonllm_rows_computed_total", "Token rows computed by forwards (prompt, "
-                                          "decode and padding rows)", Family.COUNTER, labels),
-            "padding_rows": self._metric("tritonllm_padding_rows_total", "Rows of finished batch members kept as "
-                                         "padding", Family.COUNTER, labels),
-            "sequence_rows": self._metric("tritonllm_sequence_rows_total", "Sequences in forwards, summed (padding "
-                                          "members included)", Family.COUNTER, labels),
-            "slot_steps": self._metric("tritonllm_slot_steps_total", "Cap on sequences (max_num_seqs) x forwards: "
-                                       "the sequences the cap allowed", Family.COUNTER, labels),
-            "requests_scheduled": self._metric("tritonllm_requests_scheduled_total", "Requests that got their first "
-                                               "forward", Family.COUNTER, labels),
-            "queue_seconds": self._metric("tritonllm_request_queue_seconds_total", "Seconds requests waited in the "
-                                          "engine before their first forward (summed)", Family.COUNTER, labels),
-            "preemptions": self._metric("tritonllm_num_preemptions_total", "Sequences preempted for KV blocks "
-                                        "(recomputed later)", Family.COUNTER, labels),
-            "prefix_cache_queries": self._metric("tritonllm_prefix_cache_queries_total", "Prompt tokens looked up "
-                                                 "in the prefix cache", Family.COUNTER, labels),
-            "prefix_cache_hits": self._metric("tritonllm_prefix_cache_hits_total", "Prompt tokens found in the "
-                                              "prefix cache (not computed)", Family.COUNTER, labels),
-        }
+        self.counters = {stat: self._metric(name, description, Family.COUNTER, labels)  # engine stat -> counter
+                         for stat, name, description in ENGINE_COUNTERS}
         self.seen = {name: 0 for name in self.counters}
         # Load tools wait for it to be 0 on every model before a run (a cut-off client's request still runs).
         self.open = self._metric("tritonllm_num_requests_open", "Requests accepted and not yet given their final "
