@@ -47,7 +47,7 @@ def test_the_check_turns_shared_calls_off_where_a_kernel_changes_a_rows_bits(mon
     def by_call_rows(q, *args, **kwargs):
         return q * 2 + (q.shape[2] > PREFILL_TILE) * 1e-3
 
-    shape = (2, 1, 8, torch.float32, "cpu")
+    shape = (2, 1, 8, torch.bfloat16, "cpu")
     monkeypatch.setattr(module.cpu_isa, "amx_enabled", lambda: True)
     checked_call_rows.cache_clear()
     try:
@@ -60,6 +60,8 @@ def test_the_check_turns_shared_calls_off_where_a_kernel_changes_a_rows_bits(mon
         monkeypatch.setattr(module.F, "scaled_dot_product_attention", exact)
         monkeypatch.setattr(module.cpu_isa, "amx_enabled", lambda: False)
         assert shared_call_rows(*shape) == PREFILL_TILE  # without AMX, a tile a call whatever a check says
+        monkeypatch.setattr(module.cpu_isa, "amx_enabled", lambda: True)
+        assert shared_call_rows(2, 1, 8, torch.float32, "cpu") == PREFILL_TILE  # float32: AMX does not pack it
     finally:
         checked_call_rows.cache_clear()
 

@@ -83,10 +83,10 @@ def check_cases(length: int) -> list[tuple[int, int]]:
 
 def shared_call_rows(heads: int, num_kv_heads: int, dim: int, dtype: torch.dtype, device: str) -> int:
     """How many rows whole tiles may share calls within: CALL_ROWS where PyTorch's flash kernel runs
-    AMX (CPU-dependent: cpu_isa.py) and the check passes for this head shape, else PREFILL_TILE (a
+    AMX on bf16 keys (CPU-dependent: cpu_isa.py) and the check passes for this head shape, else PREFILL_TILE (a
     tile a call). Without AMX a random check is not enough: on an AVX2-only AMD EPYC one row in ~900
     of the tiny model's shape changed with other random data than a passing check's."""
-    if device != "cpu" or not cpu_isa.amx_enabled():
+    if device != "cpu" or dtype != torch.bfloat16 or not cpu_isa.amx_enabled():  # AMX packs bf16 keys only
         return PREFILL_TILE
     return checked_call_rows(heads, num_kv_heads, dim, dtype, device)
 
