@@ -55,7 +55,7 @@ from tritonllm_loadtest.metrics_scraper import MetricsScraper, wait_until_idle
 from tritonllm_loadtest.progress import Progress
 from tritonllm_loadtest.report import ReportSettings, build_report
 from tritonllm_loadtest.summary import RunInfo, RunSummary, summarize_run_dir
-from tritonllm_loadtest.sweep import SLO_SLACK, auto_rates, choose_slo, next_rate, point_requests
+from tritonllm_loadtest.sweep import DRAIN_SLACK, SLO_SLACK, auto_rates, choose_slo, drain_seconds, next_rate, point_requests
 from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS, Workload, load_prompts
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -65,6 +65,10 @@ SCHEMES = {"inflight": "llm_inflight", "dynamic": "llm_dynamic", "static": "llm_
 # scheduling alone buys) and llm_inflight_shipped as shipped (admission by KV memory: what paging adds).
 SAME_CAP = "llm_inflight"
 SHIPPED = "llm_inflight_shipped"
+# The open-loop sweep offers inflight_shipped rates from llm_inflight's highest met rate up: below it eight
+# sequences at a time kept up, a higher cap has little to add there, and the low rates' long windows
+# take most of the sweep's time.
+LATE_START = {"inflight_shipped": "inflight"}
 IDLE_TIMEOUT_S = 300.0  # the longest a run waits for earlier runs' requests to leave the server
 USER_CLASSES = {  # (scheme is streaming, protocol) -> Locust user class
     (True, "grpc"): "GrpcStreamUser", (True, "http"): "SseStreamUser",
@@ -124,8 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="comma-separated, run in this order; inflight_shipped (llm_inflight as shipped, beside "
                         "llm_inflight at the batchers' cap) only where the server has it: one this command starts")
     w.add_argument("--time-budget", type=float, default=600.0,
-                   help="seconds the whole comparison may take: a sweep extended past a scheme's last met rate "
-                        "stops there")
+                   help="seconds the whole comparison should take: past them a sweep extended past a scheme's "
+                        "last met rate stops (after one rate past the sweep's, which runs whatever the time)")
     w.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc: streaming for inflight, infer for the others; http: generate_stream (SSE) / infer")
     w.add_argument("--concurrency", default="8",
@@ -429,15 +433,23 @@ def closed_loop_points(args) -> list[Point]:
     return [Point(users, args.max_requests, args.run_time) for users in args.concurrency]
 
 
-def open_loop_points(args, rates: list[float]) -> list[Point]:
+def open_loop_points(args, rates: list[float], workload: Workload, step_s: float | None = None) -> list[Point]:
     """Each rate's first n seeded arrivals, n = rate x --point-time (at least --point-min-requests); the
-    point may run --drain-time past its last arrival."""
+    point may run past its last arrival --drain-time, or longer where its longest request needs it at
+    `step_s` (the slowest scheme's measured seconds per step; sweep.drain_seconds)."""
     points = []
     for rate in rates:
         n = point_requests(rate, args.point_time, args.point_min_requests)
         last_arrival = ArrivalSchedule(rate, args.seed).at(n - 1)
-        points.append(Point(args.max_users, n, math.ceil(last_arrival + args.drain_time), rate))
+        longest = max(workload.request(i).max_tokens for i in range(n))
+        drain = drain_seconds(longest, step_s, args.drain_time)
+        points.append(Point(args.max_users, n, math.ceil(last_arrival + drain), rate))
     return points
+
+
+def step_seconds(closed: list[RunSummary]) -> float | None:
+    """The slowest Triton scheme's seconds per engine step in the closed-loop runs (None: not measured)."""
+    return max((s.ms_per_step / 1000 for s in closed if s.scheme in SCHEMES and s.ms_per_step), default=None)
 
 
 def locust_command(args, target: Target, scheme: str, point: Point, run_dir: Path) -> tuple[list[str], str]:
@@ -568,32 +580,45 @@ def sweep_rates(args, closed: list[RunSummary]) -> list[float]:
     return rates
 
 
-def run_sweep(args, comparison: Comparison, rates: list[float], t_start: float) -> None:
+def run_sweep(args, comparison: Comparison, rates: list[float], t_start: float, step_s: float | None = None) -> None:
     """The open-loop points, each scheme in turn. With --rates auto, a scheme that missed the SLO at a
     rate is not offered higher ones (its capacity is bracketed), and one that met every rate is offered
-    EXTEND x its highest until it misses, within --time-budget, so that every capacity lies between a
-    met and a missed rate. Rates given by the user all run, as given."""
+    EXTEND x its highest until it misses (the first such rate whatever the time, the next ones within
+    --time-budget), so that every capacity lies between a met and a missed rate. `inflight_shipped` starts at llm_inflight's highest met rate (LATE_START).
+    Rates given by the user all run, as given."""
+    points = open_loop_points(args, rates, comparison.workload, step_s)
     if args.rates != "auto":
-        for point in open_loop_points(args, rates):
+        for point in points:
             comparison.run(point)
         return
+    late = [s for s in args.schemes if s in LATE_START and LATE_START[s] in args.schemes]
     slo, done = None, set()  # done: missed once, or out of time
-    for point in open_loop_points(args, rates):
+    for point in points:
         for scheme in args.schemes:
             if scheme in done:
                 log(f"{point.name(scheme)}: not run ({scheme} missed the SLO at a lower rate)")
-                continue
-            comparison.run_one(scheme, point)
+            elif scheme not in late:
+                comparison.run_one(scheme, point)
         if slo is None:
             try:
                 slo = choose_slo([s for s in comparison.summaries if s.arrival_rate == point.rate],
                                  args.slo_normalized, args.slo_e2e_p90)
             except ValueError as exc:
                 log(f"no SLO from the lowest rate ({exc}): every rate runs for every scheme")
+                late = []
                 continue
         done |= {s.scheme for s in comparison.summaries if s.arrival_rate == point.rate and not slo.met(s)}
     if slo is None:
         return
+    for scheme in late:  # from its reference's highest met rate (the lowest rate if it met none) up
+        reference = [s.arrival_rate for s in comparison.summaries if s.scheme == LATE_START[scheme]
+                     and s.arrival_rate and slo.met(s)]
+        first = max(reference, default=rates[0])
+        log(f"{scheme}: starting at {first:g} req/s, {LATE_START[scheme]}'s highest met rate")
+        for point in points:
+            if point.rate >= first and scheme not in done and not slo.met(comparison.run_one(scheme, point)):
+                done.add(scheme)
+    extended = set()  # offered one rate past the sweep's: that one runs whatever the time budget
     while True:
         pending = {}
         for scheme in args.schemes:
@@ -604,13 +629,14 @@ def run_sweep(args, comparison: Comparison, rates: list[float], t_start: float) 
         if not pending:
             return
         for scheme, rate in pending.items():
-            (point,) = open_loop_points(args, [rate])
-            if time.monotonic() - t_start + point.run_time + 60 > args.time_budget:
+            (point,) = open_loop_points(args, [rate], comparison.workload, step_s)
+            if scheme in extended and time.monotonic() - t_start + point.run_time + 60 > args.time_budget:
                 log(f"{point.name(scheme)}: not run (past --time-budget {args.time_budget:g} s): {scheme}'s capacity "
                     "stays a lower bound")
                 done.add(scheme)
                 continue
             log(f"{scheme} met the SLO at every rate so far: offering {rate:g} req/s")
+            extended.add(scheme)
             if not slo.met(comparison.run_one(scheme, point)):
                 done.add(scheme)
 
@@ -655,15 +681,24 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
                   for s in comparison.run(point, [x for x in args.schemes
                                                   if x != "inflight_shipped" or point.users > batch_cap()])]
         rates = [] if args.rates == "none" else sweep_rates(args, closed)
-        run_sweep(args, comparison, rates, t_start)
+        step_s = step_seconds(closed)
+        if rates and step_s:
+            log(f"open-loop points may drain up to {drain_seconds(workload.output_tokens.cap, step_s, args.drain_time):.0f} s "
+                f"(the slowest scheme's {1000 * step_s:.0f} ms a step)")
+        run_sweep(args, comparison, rates, t_start, step_s)
     command = "tritonllm-compare " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     settings = ReportSettings(slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot,
                               slo_normalized_s=args.slo_normalized, slo_e2e_p90_s=args.slo_e2e_p90,
                               price_per_hour=args.price_per_hour,
                               ideal_ratio={users: workload.ideal_inflight_ratio(args.max_requests, users)
                                            for users in args.concurrency} if args.max_requests else {})
+    drain = (f"at most {args.drain_time:g} s more to drain" if not step_s else
+             f"time to drain: at least {args.drain_time:g} s, {DRAIN_SLACK:g} x the point's longest request's tokens x "
+             f"{1000 * step_s:.0f} ms (the slowest scheme's time per step in the closed loop) where longer")
+    late = [f"{s} ran from {LATE_START[s]}'s highest met rate up" for s in args.schemes
+            if s in LATE_START and LATE_START[s] in args.schemes and args.rates == "auto"]
     sweep = (f" Open-loop points: {args.point_time:g} s of arrivals (at least {args.point_min_requests} requests), "
-             f"at most {args.drain_time:g} s more to drain, ≤{args.max_users} requests in flight." if rates else "")
+             f"{drain}, ≤{args.max_users} requests in flight." + (f" {'; '.join(late)}." if late else "") if rates else "")
     notes = [f"Command: `{command}`", "", target.note, "",
              f"Each scheme ran with the same requests (seed {args.seed}) over "
              f"{'the OpenAI front (streaming /v1/completions)' if args.via == 'openai' else args.protocol}; closed-loop runs: at "

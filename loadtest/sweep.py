@@ -20,6 +20,7 @@ from tritonllm_loadtest.summary import KEEP_UP, RunSummary  # noqa: F401 (KEEP_U
 LOWEST, HIGHEST = 0.1, 1.6  # of the saturation probe's throughput: well below it to past it
 SLO_SLACK = 1.5  # the automatic SLO: this many times the worst scheme's value at the lowest rate
 EXTEND = 1.6  # a scheme that met every rate is offered this many times the highest next
+DRAIN_SLACK = 2.0  # a late request may wait for a running batch about as long as itself, then run
 
 
 def auto_rates(saturation_rps: float, points: int = 5) -> list[float]:
@@ -38,6 +39,13 @@ def auto_rates(saturation_rps: float, points: int = 5) -> list[float]:
 def point_requests(rate: float, window_s: float, minimum: int) -> int:
     """Requests of one point: the arrivals expected in the window, at least `minimum`."""
     return max(minimum, round(rate * window_s))
+
+
+def drain_seconds(longest_tokens: int, step_s: float | None, minimum: float) -> float:
+    """How long a point may run past its last arrival: `minimum`, or DRAIN_SLACK x its longest request's
+    tokens x the slowest scheme's measured time per step where that is longer. A request still running
+    then is cut off and misses the point, so the bound must not be what misses it on a slow CPU."""
+    return max(minimum, DRAIN_SLACK * longest_tokens * step_s) if step_s else minimum
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 import subprocess
 import sys
@@ -259,6 +260,51 @@ def test_sweep_rates_slo_and_capacity():
     assert kept_up.sustained_rps == pytest.approx(10 / 4.5) and slo.met(kept_up)  # every answer in the window
     assert next_rate([_point("inflight", r, 1.0) for r in (1, 2)], slo) == 3.2  # met every rate: offered more
     assert next_rate([_point("static", 1, 6.0), _point("static", 2, 24.0)], slo) is None  # bracketed
+
+
+class _SweepComparison:
+    """Stands in for compare.Comparison in a unit test of the sweep's order: a scheme's point meets the
+    SLO below its capacity here (e2e 1 s) and misses above (e2e 30 s)."""
+
+    def __init__(self, capacities):
+        self.capacities, self.summaries, self.ran = capacities, [], []
+        self.workload = Workload(output_tokens="fixed:4")
+
+    def run_one(self, scheme, point):
+        self.ran.append((scheme, point.rate))
+        s = _point(scheme, point.rate, 1.0 if point.rate <= self.capacities[scheme] else 30.0)
+        self.summaries.append(s)
+        return s
+
+
+def test_the_sweep_brackets_every_capacity_and_starts_the_shipped_cap_late():
+    args = compare.parse_args(["--slo-normalized", "1.0", "--slo-e2e-p90", "5.0", "--time-budget", "1e9"])
+    fake = _SweepComparison({"inflight": 2.5, "dynamic": 1.5, "static": 1.0, "inflight_shipped": 7.0})
+    compare.run_sweep(args, fake, [1.0, 2.0, 4.0], time.monotonic())
+    ran = {scheme: [r for s, r in fake.ran if s == scheme] for scheme in fake.capacities}
+    assert ran["static"] == [1.0, 2.0] and ran["dynamic"] == [1.0, 2.0]  # stopped at its first miss
+    assert ran["inflight"] == [1.0, 2.0, 4.0]
+    assert ran["inflight_shipped"] == [2.0, 4.0, 6.4, 10.2]  # from inflight's highest met rate, then extended
+    slo = Slo(1.0, 5.0, "given")
+    for scheme in fake.capacities:
+        assert capacity([s for s in fake.summaries if s.scheme == scheme], slo).bound == "=", scheme
+    # Past the time budget a scheme that met every rate gets one rate more, not more than one.
+    args = compare.parse_args(["--slo-normalized", "1.0", "--slo-e2e-p90", "5.0", "--time-budget", "1"])
+    fake = _SweepComparison({"inflight": 2.5, "dynamic": 1.5, "static": 1.0, "inflight_shipped": 7.0})
+    compare.run_sweep(args, fake, [1.0, 2.0, 4.0], time.monotonic())
+    assert [r for s, r in fake.ran if s == "inflight_shipped"] == [2.0, 4.0, 6.4]
+
+
+def test_a_point_drains_long_enough_for_its_longest_request():
+    args = compare.parse_args(["--drain-time", "15", "--point-time", "10", "--point-min-requests", "8"])
+    workload = Workload(output_tokens="exp:48:256")
+    (fast,) = compare.open_loop_points(args, [1.0], workload, step_s=0.01)
+    (slow,) = compare.open_loop_points(args, [1.0], workload, step_s=0.2)
+    (unmeasured,) = compare.open_loop_points(args, [1.0], workload)
+    longest = max(workload.request(i).max_tokens for i in range(fast.requests))
+    last = ArrivalSchedule(1.0, 0).at(fast.requests - 1)
+    assert fast.run_time == unmeasured.run_time == math.ceil(last + 15)  # 2 x longest x 10 ms < 15 s
+    assert slow.run_time == math.ceil(last + 2 * longest * 0.2)
 
 
 def test_ideal_inflight_ratio_of_a_workload():
