@@ -28,7 +28,7 @@ def load_tokenizer(path: str | Path | None = None):
     from transformers import AutoTokenizer
 
     if path is None:
-        from tritonllm.models import bundled_dir, prepare_bundled
+        from tritonllm.model_files import bundled_dir, prepare_bundled
 
         prepare_bundled()
         path = bundled_dir()

@@ -1,7 +1,9 @@
-"""The client side of the request contract (Triton's vLLM backend interface, see DESIGN section 3).
+"""The client side of the request contract (tritonllm/contract.py): the one place that builds a
+request's inputs and reads a response, for the CLI clients, the OpenAI front, the load test and
+the tests.
 
-Protocol-neutral: which inputs a request carries, what one response means, and what the server
-tells about a model. The gRPC and HTTP modules turn these into their own wire formats.
+Which inputs a request carries, their wire forms (HTTP generate and infer bodies, gRPC tensors),
+what one response means, whether it is a stream's last, and what the server tells about a model.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from tritonllm.contract import FINAL_RESPONSE
 
 # Sampling keys with vLLM's names, as sent in the `sampling_parameters` JSON input.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
@@ -46,7 +50,8 @@ def model_info_from_config(config: dict) -> ModelInfo:
                      decoupled=bool(policy.get("decoupled", False)))
 
 
-def request_inputs(prompt: str, sampling: dict[str, Any], stream: bool) -> dict[str, tuple[str, Any]]:
+def request_inputs(prompt: str, sampling: dict[str, Any], stream: bool,
+                   return_num_input_tokens: bool = False) -> dict[str, tuple[str, Any]]:
     """Input name -> (Triton datatype, value) of one generate request.
 
     The prompt is never echoed (exclude_input_in_output), and the server reports the finish reason
@@ -59,9 +64,43 @@ def request_inputs(prompt: str, sampling: dict[str, Any], stream: bool) -> dict[
         "return_finish_reason": ("BOOL", True),
         "return_num_output_tokens": ("BOOL", True),
     }
+    if return_num_input_tokens:
+        inputs["return_num_input_tokens"] = ("BOOL", True)
     if sampling:
-        inputs["sampling_parameters"] = ("BYTES", json.dumps(sampling))
+        inputs["sampling_parameters"] = ("BYTES", json.dumps(sampling, sort_keys=True))
     return inputs
+
+
+def generate_body(inputs: dict[str, tuple[str, Any]]) -> dict[str, Any]:
+    """The JSON body of HTTP `generate` / `generate_stream` (Triton adds the batch dimension itself)."""
+    return {name: value for name, (_, value) in inputs.items()}
+
+
+def infer_body(inputs: dict[str, tuple[str, Any]], shape: list[int]) -> dict[str, Any]:
+    """The JSON body of HTTP `/infer`: every input of `shape` ([1, 1] for a batching model)."""
+    return {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": [value]}
+                       for name, (datatype, value) in inputs.items()]}
+
+
+def grpc_inputs(inputs: dict[str, tuple[str, Any]], shape: list[int]) -> list:
+    """tritonclient.grpc InferInputs (the aio client takes the same)."""
+    import numpy as np
+    from tritonclient.grpc import InferInput
+
+    tensors = []
+    for name, (datatype, value) in inputs.items():
+        array = (np.array([value.encode("utf-8")], dtype=np.object_) if datatype == "BYTES"
+                 else np.array([value], dtype=bool))
+        tensor = InferInput(name, shape, datatype)
+        tensor.set_data_from_numpy(array.reshape(shape))
+        tensors.append(tensor)
+    return tensors
+
+
+def is_final_response(response) -> bool:
+    """Whether a streamed gRPC response (a ModelInferResponse) is its request's last."""
+    params = response.parameters
+    return FINAL_RESPONSE in params and params[FINAL_RESPONSE].bool_param
 
 
 @dataclass

@@ -18,11 +18,11 @@ import queue
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from tritonllm_client.contract import Chunk, ModelInfo, chunk_from_outputs, model_info_from_config, request_inputs
+from tritonllm_client.contract import (Chunk, ModelInfo, chunk_from_outputs, grpc_inputs, is_final_response,
+                                       model_info_from_config, request_inputs)
 from tritonllm_client.errors import RequestFailed, ServerUnreachable, model_not_ready, unknown_model
 
 DEFAULT_URL = "localhost:8001"
@@ -103,7 +103,7 @@ class GrpcSession:
             self._stream_queue = responses
         responses = self._stream_queue
         request_id = f"cli-{next(self._ids)}"
-        inputs = _infer_inputs(info, request_inputs(prompt, sampling, stream=True))
+        inputs = grpc_inputs(request_inputs(prompt, sampling, stream=True), info.shape())
         done = False
         try:
             self._streaming = True
@@ -119,7 +119,7 @@ class GrpcSession:
                 response = result.get_response()
                 if response.id != request_id:
                     continue  # a leftover of an earlier request
-                final = response.parameters["triton_final_response"].bool_param
+                final = is_final_response(response)
                 if response.outputs:
                     yield _chunk(result, response)
                 if final:
@@ -136,7 +136,7 @@ class GrpcSession:
 
     def _unary(self, info: ModelInfo, prompt: str, sampling: dict) -> Iterator[Chunk]:
         responses: queue.Queue = queue.Queue()
-        inputs = _infer_inputs(info, request_inputs(prompt, sampling, stream=False))
+        inputs = grpc_inputs(request_inputs(prompt, sampling, stream=False), info.shape())
         done = False
         try:
             self._pending = self.client.async_infer(
@@ -177,20 +177,6 @@ def _wait(responses: queue.Queue):
             return responses.get(timeout=_POLL_S)
         except queue.Empty:
             continue
-
-
-def _infer_inputs(info: ModelInfo, inputs: dict[str, tuple[str, Any]]) -> list[grpcclient.InferInput]:
-    shape = info.shape()
-    tensors = []
-    for name, (datatype, value) in inputs.items():
-        if datatype == "BYTES":
-            array = np.array([value.encode("utf-8")], dtype=np.object_)
-        else:
-            array = np.array([value], dtype=bool)
-        tensor = grpcclient.InferInput(name, shape, datatype)
-        tensor.set_data_from_numpy(array.reshape(shape))
-        tensors.append(tensor)
-    return tensors
 
 
 def _chunk(result, response) -> Chunk:

@@ -17,7 +17,8 @@ from typing import Any
 
 import requests
 
-from tritonllm_client.contract import Chunk, ModelInfo, chunk_from_outputs, model_info_from_config, request_inputs
+from tritonllm_client.contract import (Chunk, ModelInfo, chunk_from_outputs, generate_body, infer_body,
+                                       model_info_from_config, request_inputs)
 from tritonllm_client.errors import ClientError, RequestFailed, ServerUnreachable, model_not_ready, unknown_model
 
 DEFAULT_URL = "localhost:8000"
@@ -87,7 +88,7 @@ class HttpSession:
             raise ClientError(f"unknown HTTP mode {mode!r}; one of {', '.join(MODES)}")
         # Only a decoupled model streams; the others answer once, also on generate_stream.
         stream = info.decoupled and mode == "generate_stream"
-        body = {name: value for name, (_, value) in request_inputs(prompt, sampling, stream).items()}
+        body = generate_body(request_inputs(prompt, sampling, stream))
         return self._generate(info, f"/v2/models/{info.name}/{mode}", body, sse=mode == "generate_stream")
 
     def _post(self, info: ModelInfo, path: str, body: dict, stream: bool) -> requests.Response:
@@ -123,9 +124,7 @@ class HttpSession:
             response.close()  # also when the caller stops early: the server sees the disconnect
 
     def _infer(self, info: ModelInfo, prompt: str, sampling: dict) -> Iterator[Chunk]:
-        shape = info.shape()
-        body = {"inputs": [{"name": name, "shape": shape, "datatype": datatype, "data": [value]}
-                           for name, (datatype, value) in request_inputs(prompt, sampling, stream=False).items()]}
+        body = infer_body(request_inputs(prompt, sampling, stream=False), info.shape())
         response = self._post(info, f"/v2/models/{info.name}/infer", body, stream=False)
         outputs = {output["name"]: output.get("data") for output in response.json().get("outputs", [])}
         yield chunk_from_outputs(outputs)

@@ -52,7 +52,7 @@ def without_batch_sizes(argv: list[str]) -> list[str]:
 
 
 def run(args, argv: list[str], out: Path) -> int:
-    from tritonllm.server.launcher import TritonServer, find_free_ports
+    from tritonllm.server.tritonserver import TritonServer, find_free_ports
     from tritonllm.server.repository import configured_repository
     from tritonllm_loadtest import compare
 

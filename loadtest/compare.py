@@ -45,11 +45,12 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
+from tritonllm.server.children import die_with_parent, http_status
 from tritonllm_loadtest.arrivals import ArrivalSchedule
 from tritonllm_loadtest.metrics_scraper import MetricsScraper, wait_until_idle
 from tritonllm_loadtest.progress import Progress
@@ -69,6 +70,7 @@ SHIPPED = "llm_inflight_shipped"
 # sequences at a time kept up, a higher cap has little to add there, and the low rates' long windows
 # take most of the sweep's time.
 LATE_START = {"inflight_shipped": "inflight"}
+CLOSED_SLACK = 3.0  # a batcher needs up to the workload's ideal ratio (~2.4x here) of in-flight's time
 IDLE_TIMEOUT_S = 300.0  # the longest a run waits for earlier runs' requests to leave the server
 USER_CLASSES = {  # (scheme is streaming, protocol) -> Locust user class
     (True, "grpc"): "GrpcStreamUser", (True, "http"): "SseStreamUser",
@@ -84,11 +86,7 @@ def host_port(url: str, default_port: int) -> tuple[str, int]:
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return http_status(url, timeout) == 200
 
 
 def log(msg: str) -> None:
@@ -257,7 +255,7 @@ class Target:
             return None
         front = 0.0
         if self.front is not None and self.front.process is not None:
-            from tritonllm.server.launcher import process_cpu_seconds
+            from tritonllm.server.tritonserver import process_cpu_seconds
             front = process_cpu_seconds(self.front.process.pid)
         return self.server.cpu_seconds() + front
 
@@ -267,8 +265,8 @@ class Target:
             self.note += f" Every scheme went through the OpenAI front already running at {self.front_url}."
             log(f"using the OpenAI front at {self.front_url}")
             return
-        from tritonllm.openai.process import OpenAIFront
-        from tritonllm.server.launcher import find_free_ports
+        from tritonllm.server.openai_front import OpenAIFront
+        from tritonllm.server.tritonserver import find_free_ports
 
         (port,) = find_free_ports(1)
         models = [SCHEMES[s] for s in self.args.schemes if s in SCHEMES]  # a Triton may serve only these
@@ -287,7 +285,7 @@ class Target:
             return self
         if args.server == "never":
             raise SystemExit(f"error: no Triton answers at {self.base}/v2/health/ready (--server never)")
-        from tritonllm.server.launcher import TritonServer, find_free_ports  # only when starting one
+        from tritonllm.server.tritonserver import TritonServer, find_free_ports  # only when starting one
 
         if args.server == "always":
             http, grpc, metrics = find_free_ports(3)
@@ -345,7 +343,7 @@ def batch_cap() -> int:
 def served_models(target: Target) -> dict[str, dict]:
     """What each model of the server runs: dtype, device, quantization (tritonllm_model_info), its cap on
     concurrent sequences and KV blocks (its config, from Triton)."""
-    from tritonllm.server.launcher import model_info
+    from tritonllm.server.tritonserver import model_info
 
     info = model_info(target.metrics)
     out = {}
@@ -367,7 +365,7 @@ def machine() -> dict:
     image has no torch, so its version is read from the installed package's metadata, if any."""
     import importlib.metadata
 
-    from tritonllm.engine import cpu_isa
+    from tritonllm.kernels import cpu_isa
 
     try:
         torch_version = importlib.metadata.version("torch")
@@ -481,7 +479,7 @@ def run_locust(cmd: list[str], run_dir: Path, time_limit: float) -> int:
     """Run locust; past time_limit (its own -t plus slack) it gets SIGTERM, then SIGKILL."""
     with open(run_dir / "locust.out", "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=run_dir, start_new_session=True)
+                                cwd=run_dir, start_new_session=True, preexec_fn=die_with_parent)
         try:
             return proc.wait(timeout=time_limit)
         except subprocess.TimeoutExpired:
@@ -563,6 +561,23 @@ class Comparison:
             f"e2e p90 {_num(s.e2e_p90)} s in {info.ended - info.started:.0f} s (locust rc {info.locust_rc})")
         self.summaries.append(s)
         return s
+
+
+def run_closed_loop(args, comparison: Comparison) -> list[RunSummary]:
+    """Each closed-loop point, each scheme in turn. A point's time bound grows to CLOSED_SLACK x a scheme's
+    run that answered every request, where that is longer, so that on a slow CPU the batchers answer
+    the same requests as in-flight batching. `inflight_shipped` would run what `inflight` runs wherever
+    the users are no more than the batchers' cap (8 by default): it runs where more users ask for it."""
+    summaries = []
+    for point in closed_loop_points(args):
+        for scheme in [x for x in args.schemes if x != "inflight_shipped" or point.users > batch_cap()]:
+            s = comparison.run_one(scheme, point)
+            summaries.append(s)
+            if s.duration_s and s.ok == point.requests and CLOSED_SLACK * s.duration_s > point.run_time:
+                point = replace(point, run_time=math.ceil(CLOSED_SLACK * s.duration_s))
+                log(f"{scheme} took {s.duration_s:.0f} s at {point.users} users: the next schemes may take "
+                    f"{point.run_time:g} s")
+    return summaries
 
 
 def sweep_rates(args, closed: list[RunSummary]) -> list[float]:
@@ -675,11 +690,7 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
                                           or "unknown (no tritonllm_model_info on the metrics page)") + "."
         log(target.note)
         comparison = Comparison(args, target, workload, out, before_scheme)
-        # Closed loop, `inflight_shipped` would run what `inflight` runs wherever the users are no more than
-        # the batchers' cap (8 by default): it runs where more users than that ask for it.
-        closed = [s for point in closed_loop_points(args)
-                  for s in comparison.run(point, [x for x in args.schemes
-                                                  if x != "inflight_shipped" or point.users > batch_cap()])]
+        closed = run_closed_loop(args, comparison)
         rates = [] if args.rates == "none" else sweep_rates(args, closed)
         step_s = step_seconds(closed)
         if rates and step_s:
@@ -702,7 +713,8 @@ def main(argv: list[str] | None = None, before_scheme: Callable[[str], None] | N
     notes = [f"Command: `{command}`", "", target.note, "",
              f"Each scheme ran with the same requests (seed {args.seed}) over "
              f"{'the OpenAI front (streaming /v1/completions)' if args.via == 'openai' else args.protocol}; closed-loop runs: at "
-             f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s.{sweep} Total wall time "
+             f"most {args.max_requests or 'unbounded'} requests and {args.run_time:g} s (or {CLOSED_SLACK:g}x an earlier "
+             f"scheme's run that answered them all, where longer).{sweep} Total wall time "
              f"{time.monotonic() - t_start:.0f} s."]
     settings.notes = notes
     settings.models, settings.machine = models, machine()

@@ -401,17 +401,23 @@ class GrpcStreamUser(TritonLLMUser, User):
             self.responses, self.busy = None, False
 
 
-class SseStreamUser(TritonLLMUser, HttpUser):
+class TritonHttpUser(TritonLLMUser, HttpUser):
+    """What the HTTP users share: Triton's default HTTP address and the setup."""
+
+    abstract = True
+    host = "http://127.0.0.1:8000"
+
+    def on_start(self):
+        self._setup()
+
+
+class SseStreamUser(TritonHttpUser):
     """llm_inflight over HTTP generate_stream (SSE). HttpUser, not FastHttpUser: its line iterator
     buffers 1 KiB and would inflate TTFT."""
 
     model = "llm_inflight"
     protocol = "http-sse"
     streams = True
-    host = "http://127.0.0.1:8000"
-
-    def on_start(self):
-        self._setup()
 
     @task
     def generate(self):
@@ -452,7 +458,7 @@ class GrpcInferUser(TritonLLMUser, User):
         spec, m = self._begin()
         error = None
         try:
-            result = self.client.infer(self.target, protocol.grpc_inputs(spec, stream=None, batched=True),
+            result = self.client.infer(self.target, protocol.grpc_inputs(spec, stream=False, batched=True),
                                        outputs=protocol.grpc_outputs(), client_timeout=self.timeout)
             m.tokens(protocol.grpc_result_tokens(result))
         except GreenletExit:
@@ -463,15 +469,11 @@ class GrpcInferUser(TritonLLMUser, User):
         self._record(m.finish(error))
 
 
-class HttpInferUser(TritonLLMUser, HttpUser):
+class HttpInferUser(TritonHttpUser):
     """llm_dynamic (default) or llm_static (--triton-model) over HTTP /infer."""
 
     model = "llm_dynamic"
     protocol = "http-infer"
-    host = "http://127.0.0.1:8000"
-
-    def on_start(self):
-        self._setup()
 
     @task
     def generate(self):

@@ -1,6 +1,7 @@
 """The wire side of one request: Triton's vLLM-backend contract over gRPC and HTTP.
 
-Builds request bodies / input tensors from a `RequestSpec` and reads the token counts back.
+Builds request bodies / input tensors from a `RequestSpec` (through tritonllm_client.contract, the
+one builder) and reads the token counts back.
 Every request asks for `num_output_tokens` and excludes the prompt from the output, so token
 counts come from the server, not from a local tokenizer.
 """
@@ -12,34 +13,23 @@ from typing import Any
 
 import numpy as np
 
+from tritonllm_client import contract
+from tritonllm_client.contract import request_inputs
 from tritonllm_loadtest.workload import RequestSpec
 
 
+def _inputs(spec: RequestSpec, stream: bool) -> dict:
+    return request_inputs(spec.prompt, spec.sampling, stream)
+
+
 def generate_body(spec: RequestSpec, stream: bool) -> dict[str, Any]:
-    """JSON body for HTTP `generate` / `generate_stream` (Triton adds the batch dimension itself)."""
-    return {
-        "text_input": spec.prompt,
-        "sampling_parameters": spec.sampling_json,
-        "stream": stream,
-        "exclude_input_in_output": True,
-        "return_num_output_tokens": True,
-    }
+    """JSON body for HTTP `generate` / `generate_stream`."""
+    return contract.generate_body(_inputs(spec, stream))
 
 
 def infer_body(spec: RequestSpec) -> dict[str, Any]:
     """JSON body for HTTP `/infer` on a batching model: every input has shape [1, 1]."""
-    def tensor(name, datatype, value):
-        return {"name": name, "shape": [1, 1], "datatype": datatype, "data": [value]}
-
-    return {
-        "inputs": [
-            tensor("text_input", "BYTES", spec.prompt),
-            tensor("sampling_parameters", "BYTES", spec.sampling_json),
-            tensor("exclude_input_in_output", "BOOL", True),
-            tensor("return_num_output_tokens", "BOOL", True),
-        ],
-        "outputs": [{"name": "text_output"}, {"name": "num_output_tokens"}],
-    }
+    return contract.infer_body(_inputs(spec, False), [1, 1])
 
 
 def infer_output_tokens(body: dict[str, Any]) -> int:
@@ -77,26 +67,9 @@ def event_tokens(event: dict[str, Any]) -> int:
     return int(value)
 
 
-def grpc_inputs(spec: RequestSpec, stream: bool | None, batched: bool) -> list:
-    """tritonclient.grpc InferInputs; `stream` None leaves the input out (batching models)."""
-    import tritonclient.grpc as grpcclient
-
-    shape = [1, 1] if batched else [1]
-
-    def tensor(name, datatype, value, dtype):
-        t = grpcclient.InferInput(name, shape, datatype)
-        t.set_data_from_numpy(np.array([value], dtype=dtype).reshape(shape))
-        return t
-
-    inputs = [
-        tensor("text_input", "BYTES", spec.prompt.encode("utf-8"), np.object_),
-        tensor("sampling_parameters", "BYTES", spec.sampling_json.encode("utf-8"), np.object_),
-        tensor("exclude_input_in_output", "BOOL", True, np.bool_),
-        tensor("return_num_output_tokens", "BOOL", True, np.bool_),
-    ]
-    if stream is not None:
-        inputs.append(tensor("stream", "BOOL", stream, np.bool_))
-    return inputs
+def grpc_inputs(spec: RequestSpec, stream: bool, batched: bool) -> list:
+    """tritonclient.grpc InferInputs of one request."""
+    return contract.grpc_inputs(_inputs(spec, stream), [1, 1] if batched else [1])
 
 
 def grpc_outputs() -> list:
@@ -112,9 +85,8 @@ def grpc_result_tokens(result) -> int:
 
 
 def grpc_is_final(result) -> bool:
-    """Whether a streamed gRPC response is the request's last (`triton_final_response`)."""
-    params = result.get_response().parameters
-    return "triton_final_response" in params and params["triton_final_response"].bool_param
+    """Whether a streamed gRPC response is the request's last."""
+    return contract.is_final_response(result.get_response())
 
 
 # ---------------------------------------------------------------- OpenAI-compatible servers

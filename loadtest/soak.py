@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
 
-from tritonllm.server.launcher import TritonServer, find_free_ports, group_pids
+from tritonllm.server.tritonserver import TritonServer, find_free_ports, group_pids
+from tritonllm_client.contract import generate_body, grpc_inputs, is_final_response, request_inputs
 from tritonllm_loadtest.metrics_scraper import scrape, series
 
 MODEL = "llm_inflight"
@@ -69,13 +69,7 @@ def grpc_request(url: str, rng: random.Random, cancel_after: int | None, tally: 
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
     answered = False  # the final response came: a graceful close (cancelling an idle stream delays unloading)
     try:
-        inputs = []
-        for name, value, dtype in (("text_input", rng.choice(PROMPTS), "BYTES"), ("stream", True, "BOOL"),
-                                   ("sampling_parameters", json.dumps(_sampling(rng)), "BYTES")):
-            tensor = grpcclient.InferInput(name, [1], dtype)
-            tensor.set_data_from_numpy(np.array([value.encode() if isinstance(value, str) else value],
-                                                dtype=np.object_ if dtype == "BYTES" else bool))
-            inputs.append(tensor)
+        inputs = grpc_inputs(request_inputs(rng.choice(PROMPTS), _sampling(rng), stream=True), [1])
         client.async_stream_infer(MODEL, inputs, enable_empty_final_response=True)
         pieces = 0
         while True:
@@ -83,7 +77,7 @@ def grpc_request(url: str, rng: random.Random, cancel_after: int | None, tally: 
             if error is not None:
                 tally.add("errors", str(error))
                 return
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            if is_final_response(result.get_response()):
                 answered = True
                 tally.add("completed")
                 return
@@ -100,7 +94,7 @@ def grpc_request(url: str, rng: random.Random, cancel_after: int | None, tally: 
 
 def sse_request(http_url: str, rng: random.Random, cancel_after: int | None, tally: Tally, timeout: float) -> None:
     """One generate_stream call; close the connection after `cancel_after` events if set."""
-    body = {"text_input": rng.choice(PROMPTS), "stream": True, "sampling_parameters": json.dumps(_sampling(rng))}
+    body = generate_body(request_inputs(rng.choice(PROMPTS), _sampling(rng), stream=True))
     try:
         with requests.post(f"http://{http_url}/v2/models/{MODEL}/generate_stream", json=body, stream=True,
                            timeout=timeout) as response:

@@ -5,6 +5,10 @@ a few tests load the bundled SmolLM2 in-process. The server runs with the test-o
 (engine/faults.py): a prompt with `[[hold:N]]` makes a request that cannot finish by itself, so
 tests that need a request still running are certain of it.
 
+Every test is in one tier (a pytest marker, set here): `unit` (one piece, in process: the tiny model,
+or the bundled one where a test says so), `server` (a real tritonserver, front or peer on loopback),
+`container` (images built and run). `pytest -m unit` is the quick loop; the README's command runs all.
+
 When a test that uses a server fails, its report carries what that server logged during the
 test (pytest prints it under the failure; `-rfE` lists every failure at the end).
 """
@@ -18,8 +22,8 @@ import pytest
 import torch
 
 from tritonllm.engine import faults
-from tritonllm.models import DTYPE_ENV, load_model
-from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm.engine.model_loader import DTYPE_ENV, load_model
+from tritonllm.server.tritonserver import TritonServer, find_free_ports
 
 # float32 everywhere in tests (servers inherit it), so that answers can be held to unbatched `generate`
 # token for token (in bfloat16 Transformers' own forward uses other kernels). bfloat16, the `auto`
@@ -75,6 +79,29 @@ def reference(tiny_model):
         return cache[prompt, max_tokens]
 
     return greedy
+
+
+# ---------------------------------------------------------------- test tiers
+
+SERVER_FIXTURES = {"triton_server", "locust_runs", "front", "bundled_bf16_server", "cluster", "fresh_cluster",
+                   "strict_server", "tight_server"}
+CONTAINER_MODULES = {"test_containers_e2e"}
+SERVER_MODULES = {"test_openai_launcher_e2e", "test_soak", "test_termination", "test_children",
+                  "test_load_balancer_e2e"}
+
+
+def pytest_collection_modifyitems(items):
+    """Each test's tier: container by module; server where it uses a server fixture, sits in a module of
+    server tests or is marked `server` itself; unit otherwise."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        if module in CONTAINER_MODULES:
+            item.add_marker(pytest.mark.container)
+        elif (module in SERVER_MODULES or SERVER_FIXTURES & set(item.fixturenames)
+              or item.get_closest_marker("server")):
+            item.add_marker(pytest.mark.server)
+        else:
+            item.add_marker(pytest.mark.unit)
 
 
 # ---------------------------------------------------------------- server logs of failed tests

@@ -18,7 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
+from tritonllm.server.tritonserver import DEFAULT_MODEL_REPOSITORY
+from tritonllm_client.contract import is_final_response
 
 BATCHED = ("llm_dynamic", "llm_static")
 TIMEOUT = 60  # seconds any one request may take before the test fails
@@ -103,7 +104,7 @@ class GrpcStream:
                     state.results.append(result)
                     if result.as_numpy("text_output") is not None:
                         state.texts.append(text_of(result))
-                if response.parameters["triton_final_response"].bool_param:
+                if is_final_response(response):
                     state.finals += 1
             self.changed.notify_all()
 

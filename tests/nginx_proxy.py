@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from debian_packages import install_missing
-from tritonllm.server.launcher import find_free_ports
+from tritonllm.server.tritonserver import find_free_ports
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "deploy" / "nginx" / "tritonllm.conf.template"
 START_TIMEOUT = 30

@@ -23,11 +23,11 @@ from tritonllm_loadtest.workload import Workload
 
 from tritonllm.engine.faults import hold_prompt
 from tritonllm.engine.model_runner import Chunk, ModelRunner
-from tritonllm.engine.prefill_attention import PREFILL_TILE
+from tritonllm.kernels.prefill_attention import PREFILL_TILE
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
 from tritonllm.engine.sequence import Sequence
 from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.models import DTYPE_ENV, load_model
+from tritonllm.engine.model_loader import DTYPE_ENV, load_model
 
 
 def neighbour(runner: ModelRunner, slot: int) -> None:

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from tritonllm.bench_front import pooled, side_by_side
+from tritonllm.bench.front import pooled, side_by_side
 from tritonllm_loadtest.samples import Sample
 
 

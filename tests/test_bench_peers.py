@@ -1,7 +1,7 @@
 """tritonllm-bench-peers' choice of llm_inflight's client and settings (the peers themselves run
 outside the suite)."""
 
-from tritonllm.peers.bench import client_args, inflight_engine_config, inflight_repository
+from tritonllm.bench.peers.bench import client_args, inflight_engine_config, inflight_repository
 
 
 def test_inflight_streams_over_sse_like_the_peers_unless_told_otherwise():

@@ -56,7 +56,7 @@ def test_closed_loop_in_process_keeps_users_busy_and_counts_every_token():
     the next sent when one ends, on an engine started as llm_inflight starts it."""
     from tritonllm.engine.llm_engine import LLMEngine
     from tritonllm.engine.scheduler import SchedulerConfig
-    from tritonllm.models import load_model
+    from tritonllm.engine.model_loader import load_model
 
     workload = benchmark.make_workload(7, "exp:6:16", "uniform:3:12", 1)
 

@@ -44,12 +44,19 @@ def test_a_child_ends_when_its_starter_is_killed(sig):
 
 
 def test_every_child_the_project_starts_asks_for_it():
-    """The three places that start long-lived children pass die_with_parent to Popen."""
+    """Long-lived children (tritonserver, the OpenAI front, peers) start through children.Child, the one
+    Popen that passes die_with_parent; the load test's Locust runs and the front benchmark's clients
+    pass it too."""
     from pathlib import Path
 
-    import tritonllm
-
-    root = Path(tritonllm.__file__).parent
-    for path in ("server/launcher.py", "openai/process.py", "peers/peer_server.py"):
-        text = (root / path).read_text()
-        assert text.count("subprocess.Popen(") == text.count("preexec_fn=die_with_parent"), path
+    root = Path(__file__).resolve().parents[1]
+    starts = {}
+    for path in [*(root / "src").rglob("*.py"), *(root / "loadtest").rglob("*.py"), *(root / "client").rglob("*.py")]:
+        text = path.read_text()
+        if "subprocess.Popen(" in text:
+            starts[path.relative_to(root).as_posix()] = (text.count("subprocess.Popen("),
+                                                         text.count("preexec_fn=die_with_parent"))
+    assert {p: n for p, (n, asked) in starts.items() if n != asked} == {}
+    for path in ("src/tritonllm/server/tritonserver.py", "src/tritonllm/server/openai_front.py",
+                 "src/tritonllm/bench/peers/peer_server.py"):
+        assert "Child(" in (root / path).read_text(), path

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tritonllm.engine.faults import hold_prompt
-from tritonllm.models import tiny_dir
+from tritonllm.model_files import tiny_dir
 from tritonllm_client import chat
 from tritonllm_client.cli import main
 from tritonllm_client.errors import EXIT_CANCELLED, EXIT_MODEL, EXIT_REQUEST, EXIT_UNREACHABLE
@@ -135,7 +135,7 @@ def test_server_down_is_one_line_and_nonzero(capsys, command, monkeypatch):
 
 
 def _free_port() -> int:
-    from tritonllm.server.launcher import find_free_ports
+    from tritonllm.server.tritonserver import find_free_ports
 
     return find_free_ports(1)[0]
 

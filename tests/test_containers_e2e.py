@@ -25,7 +25,7 @@ import requests
 
 from e2e_clients import generate, grpc_infer, stream_one, text_of
 from docker_engine import DockerEngine
-from tritonllm.server.launcher import ADMIN_KEY_HEADER, find_free_ports
+from tritonllm.server.tritonserver import ADMIN_KEY_HEADER, find_free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER_DIR = REPO / "deploy" / "docker"

@@ -1,4 +1,4 @@
-"""The one switch for the CPU-dependent paths (engine/cpu_isa.py): oneDNN's ONEDNN_MAX_CPU_ISA.
+"""The one switch for the CPU-dependent paths (kernels/cpu_isa.py): oneDNN's ONEDNN_MAX_CPU_ISA.
 Lowered, it turns off what the CPU would otherwise choose: AMX row blocks, shared prefill calls,
 oneDNN's bf16 weights (below AVX512)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tritonllm.engine import cpu_isa, linear, prefill_attention
+from tritonllm.kernels import cpu_isa, linear, prefill_attention
 
 
 def test_a_cap_below_amx_turns_every_amx_path_off(monkeypatch):

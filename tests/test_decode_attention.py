@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tritonllm.engine.decode_attention import DecodeAttention, group_rows, min_keys
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.llm_engine import LLMEngine
-from tritonllm.engine.paged_attention import available
+from tritonllm.kernels.paged_attention import available
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 
@@ -187,7 +187,7 @@ def test_engine_with_one_long_sequence_among_short_ones_matches_generate(tiny_mo
 def test_the_paged_kernel_prefetches_each_rows_own_keys_then_values():
     # the prefetch hints follow a row's keys through its block table, then its values, then stop:
     # a wrong address costs only speed, so it is checked here
-    from tritonllm.engine.paged_attention import _stream_index
+    from tritonllm.kernels.paged_attention import _stream_index
 
     kv_heads, blocks, block_size, dim = 2, 7, 4, 8
     pool = torch.arange(2 * kv_heads * blocks * block_size * dim).view(2 * kv_heads, blocks, block_size, dim)

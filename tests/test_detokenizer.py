@@ -7,7 +7,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-import tritonllm.models
+import tritonllm.model_files
 from tritonllm.engine.detokenizer import IncrementalDetokenizer, OutputText
 
 TEXTS = [
@@ -29,7 +29,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tok():
-    return AutoTokenizer.from_pretrained(tritonllm.models.prepare_tiny())
+    return AutoTokenizer.from_pretrained(tritonllm.model_files.prepare_tiny())
 
 
 def stream(tok, ids, skip_special_tokens=True):

@@ -18,7 +18,7 @@ from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 from tritonllm.engine.sequence import Status
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=16, max_model_len=256)
 

@@ -11,15 +11,9 @@ import numpy as np
 import psutil
 import pytest
 
-from tritonllm.server import launcher
-from tritonllm.server.launcher import (
-    ServerStartError,
-    TritonServer,
-    find_free_ports,
-    installed_triton,
-    parse_load_failures,
-    prepare_triton_home,
-)
+from tritonllm.server import triton_install
+from tritonllm.server.triton_install import ServerStartError, installed_triton, prepare_triton_home
+from tritonllm.server.tritonserver import TritonServer, find_free_ports, parse_load_failures
 
 ECHO_CONFIG = """
 backend: "python"
@@ -111,6 +105,7 @@ def test_echo_over_http_and_grpc_then_clean_stop(tmp_path):
     assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("case", ["raises_in_initialize", "invalid_data_type"])
 def test_broken_model_fails_fast(tmp_path, case):
     repo = tmp_path / "repo"
@@ -131,6 +126,7 @@ def test_broken_model_fails_fast(tmp_path, case):
     assert server.process is None
 
 
+@pytest.mark.server
 def test_slow_model_times_out_and_leaves_nothing(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "slow", model_py=RAISING_MODEL.replace(
@@ -157,6 +153,7 @@ def test_parse_load_failures_from_model_table():
     assert parse_load_failures(log) == {"bad": "Internal: oops"}
 
 
+@pytest.mark.server
 def test_main_serves_until_sigterm(tmp_path):
     repo = tmp_path / "repo"
     add_model(repo, "echo")
@@ -207,7 +204,8 @@ def test_main_exits_1_on_broken_model(tmp_path, capsys):
 
 
 def test_beyond_loopback_the_admin_apis_get_a_key():
-    from tritonllm.server.launcher import ADMIN_APIS, ADMIN_KEY_HEADER, TritonServer, admin_key_for
+    from tritonllm.server.launcher import admin_key_for
+    from tritonllm.server.tritonserver import ADMIN_APIS, ADMIN_KEY_HEADER, TritonServer
 
     assert admin_key_for("127.0.0.1", None) is None and admin_key_for("localhost", None) is None
     assert admin_key_for("127.0.0.1", "given") == "given"
@@ -224,7 +222,7 @@ def test_installed_triton_setting(tmp_path, monkeypatch):
     """TRITONLLM_TRITON_HOME: empty -> the wheel's server; auto -> NGC's /opt/tritonserver only where
     it exists; a directory must hold bin/tritonserver."""
     assert installed_triton("") is None and installed_triton(None) is None
-    monkeypatch.setattr(launcher, "NGC_TRITON_HOME", tmp_path / "ngc")
+    monkeypatch.setattr(triton_install, "NGC_TRITON_HOME", tmp_path / "ngc")
     assert installed_triton("auto") is None  # no NGC server here: the wheel's
     (tmp_path / "ngc" / "bin").mkdir(parents=True)
     (tmp_path / "ngc" / "bin" / "tritonserver").write_text("")

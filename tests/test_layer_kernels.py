@@ -1,4 +1,4 @@
-"""The compiled work between a layer's matmuls (engine/layer_kernels.py, CPU, bfloat16).
+"""The compiled work between a layer's matmuls (kernels/layer_kernels.py, CPU, bfloat16).
 
 Each kernel must give what the PyTorch path (step_ops.TorchOps) gives: the same bits where the
 model's ops are exact products and sums rounded to bf16 (residual add, rotary, the KV write), at
@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import layer_kernels
+from tritonllm.kernels import layer_kernels
 from tritonllm.engine.model_runner import Chunk, ModelRunner
-from tritonllm.engine.numba_helpers import as_numpy
+from tritonllm.kernels.numba_helpers import as_numpy
 from tritonllm.engine.step_ops import rms_norm
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 
 pytestmark = pytest.mark.skipif(not layer_kernels.available(torch.bfloat16, torch.device("cpu"), "silu"),
                                 reason="numba missing")
@@ -115,7 +115,7 @@ def test_the_runner_gives_the_same_answers_with_kernels_and_with_pytorch_ops():
 
 def test_a_runner_compiles_every_kernel_before_its_first_step():
     """A kernel compiled in a request's step would hold that step for seconds (no disk cache yet)."""
-    from tritonllm.engine import paged_attention
+    from tritonllm.kernels import paged_attention
 
     model, tokenizer = load_model("tiny", "cpu", BF16)
     runner = ModelRunner(model, 4, 256)

@@ -1,4 +1,4 @@
-"""The runner's matmuls (engine/linear.py): the kernel chosen per weight, and what it must keep.
+"""The runner's matmuls (kernels/linear.py): the kernel chosen per weight, and what it must keep.
 
 A row's result must not depend on how many rows share the call (batch invariance of the matmul),
 for every linear shape of the bundled model, in bfloat16 (oneDNN prepacked where oneDNN runs bf16,
@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine.linear import PackedWeight, linear, nbytes, prepare, prepack_enabled
-from tritonllm.engine.quantization import Int8Weight
-from tritonllm.models import prepare_bundled
+from tritonllm.kernels.linear import PackedWeight, linear, nbytes, prepare, prepack_enabled
+from tritonllm.kernels.quantization import Int8Weight
+from tritonllm.model_files import prepare_bundled
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 32, 64, 257)
 ONEDNN_BF16 = prepack_enabled(torch.bfloat16, torch.device("cpu"))  # CPU-dependent (cpu_isa.py)
@@ -68,7 +68,7 @@ def test_float32_and_other_devices_keep_the_plain_weight():
 
 
 def test_call_ranges_keep_a_prompt_tile_whole_and_cut_free_rows_at_the_block():
-    from tritonllm.engine.linear import call_ranges
+    from tritonllm.kernels.linear import call_ranges
 
     assert call_ranges([(i, i + 1) for i in range(70)], 32) == [(0, 32, 32), (32, 64, 32), (64, 70, 6)]  # decode rows
     # two decode rows, a tile of 48 prompt rows (its own call, padded to 64), 14 more prompt rows and a decode row
@@ -78,7 +78,7 @@ def test_call_ranges_keep_a_prompt_tile_whole_and_cut_free_rows_at_the_block():
 
 
 def test_call_ranges_put_consecutive_tiles_in_calls_of_whole_tiles_up_to_tile_rows():
-    from tritonllm.engine.linear import call_ranges
+    from tritonllm.kernels.linear import call_ranges
 
     tiles = [(0, 64), (64, 128), (128, 192), (192, 256), (256, 294)]
     assert call_ranges(tiles + [(294, 295)], 32, 192) == [(0, 192, 192), (192, 294, 128), (294, 295, 1)]
@@ -90,7 +90,7 @@ def test_call_ranges_put_consecutive_tiles_in_calls_of_whole_tiles_up_to_tile_ro
 def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
     """Rows cut by `call_ranges` get the same bits whatever rows share the step: a tile alone against
     the same tile after decode rows and before another tile."""
-    from tritonllm.engine.linear import call_ranges
+    from tritonllm.kernels.linear import call_ranges
 
     fan_in, fan_out = bundled_linear_shapes()["gate_up"]
     torch.manual_seed(1)
@@ -109,7 +109,7 @@ def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
     """A prefix-cache hit computes a prompt's rows from a later tile on than a cold prefill does, so
     the tiles share calls otherwise (call_ranges merges them up to the weight's `tile_rows`, found
     at load): every row must get the same bits, for every layer shape of the bundled model."""
-    from tritonllm.engine.linear import TILE_ROWS, call_ranges
+    from tritonllm.kernels.linear import TILE_ROWS, call_ranges
 
     fan_in, fan_out = bundled_linear_shapes()[name]
     torch.manual_seed(2)
@@ -133,9 +133,9 @@ def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkey
     to 4 a call here, as AMX limits them to 32, so that any CPU shows the cut)."""
     from dataclasses import replace
 
-    from tritonllm.engine import linear as linear_module
+    from tritonllm.kernels import linear as linear_module
     from tritonllm.engine.model_runner import Chunk, ModelRunner
-    from tritonllm.models import load_model
+    from tritonllm.engine.model_loader import load_model
 
     model, _ = load_model("tiny", "cpu", torch.bfloat16)
     calls = []
@@ -160,7 +160,7 @@ def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkey
 def test_the_row_block_is_checked_at_load_and_cut_where_a_kernel_changes_bits():
     """Calls of any row count (no AMX) or of 32 (AMX) are checked per weight at load; a kernel that
     gives a row other bits past 8 rows (as oneDNN's AMX kernel does past 32) gets calls of 8."""
-    from tritonllm.engine.linear import checked_row_block
+    from tritonllm.kernels.linear import checked_row_block
 
     def exact(x):  # every row computed by itself
         return x[:, :16] * 2

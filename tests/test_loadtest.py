@@ -630,6 +630,7 @@ class _FakeCompletions:
         self.server.server_close()
 
 
+@pytest.mark.server
 def test_openai_user_sends_the_same_workload_and_times_the_stream(tmp_path):
     fake = _FakeCompletions()
     try:
@@ -655,6 +656,7 @@ def test_openai_user_sends_the_same_workload_and_times_the_stream(tmp_path):
                for b in fake.bodies)
 
 
+@pytest.mark.server
 def test_openai_user_counts_every_request_of_a_vllm_style_stream(tmp_path):
     """A request whose every event has empty text (tokens without text of their own) was never counted
     as finished against vLLM's server: the run waited out its time bound and Locust exited 1."""

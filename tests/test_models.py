@@ -10,46 +10,47 @@ from pathlib import Path
 import pytest
 import torch
 
-from tritonllm import models
+from tritonllm import model_files
+from tritonllm.engine import model_loader
 from tritonllm.engine.model_runner import ModelRunner
 
 
 def test_env_variable_overrides_the_configured_model(monkeypatch):
-    monkeypatch.setenv(models.MODEL_ENV, "tiny")
-    assert models.resolve_model_path("bundled") == str(models.tiny_dir())
-    monkeypatch.delenv(models.MODEL_ENV)
-    assert models.resolve_model_path("bundled") == str(models.bundled_dir())
-    assert models.resolve_model_path("/some/dir") == "/some/dir"
+    monkeypatch.setenv(model_files.MODEL_ENV, "tiny")
+    assert model_files.resolve_model_path("bundled") == str(model_files.tiny_dir())
+    monkeypatch.delenv(model_files.MODEL_ENV)
+    assert model_files.resolve_model_path("bundled") == str(model_files.bundled_dir())
+    assert model_files.resolve_model_path("/some/dir") == "/some/dir"
 
 
 def test_a_local_directory_loads_like_the_named_models(monkeypatch):
-    monkeypatch.delenv(models.MODEL_ENV, raising=False)
-    model, tokenizer = models.load_model(str(models.tiny_dir()), "cpu", "float32")
+    monkeypatch.delenv(model_files.MODEL_ENV, raising=False)
+    model, tokenizer = model_loader.load_model(str(model_files.tiny_dir()), "cpu", "float32")
     assert model.config.model_type == "llama"
     assert next(model.parameters()).dtype == torch.float32
     assert tokenizer.decode(tokenizer.encode("Paris")) == "Paris"
 
 
 def test_bundled_model_is_converted_once_and_cached():
-    path = models.prepare_bundled()
+    path = model_files.prepare_bundled()
     assert (path / "config.json").exists() and (path / "model.safetensors").exists()
-    assert models.prepare_bundled() == path  # second call: cached, no conversion
+    assert model_files.prepare_bundled() == path  # second call: cached, no conversion
 
 
 def test_bad_dtype_is_named(monkeypatch):
-    monkeypatch.delenv(models.DTYPE_ENV)
+    monkeypatch.delenv(model_loader.DTYPE_ENV)
     with pytest.raises(ValueError, match="dtype must be auto or one of float32, float16, bfloat16, got 'float8'"):
-        models.resolve_dtype("float8")
+        model_loader.resolve_dtype("float8")
 
 
 def test_auto_dtype_is_bfloat16_where_the_cpu_runs_it_natively(monkeypatch):
-    monkeypatch.delenv(models.DTYPE_ENV, raising=False)
-    expected = torch.bfloat16 if models.cpu_runs_bf16_fast() else torch.float32
-    assert models.resolve_dtype("auto", "cpu") == models.resolve_dtype(None, "cpu") == expected
-    assert models.resolve_dtype("float32", "cpu") == torch.float32
-    monkeypatch.setenv(models.DTYPE_ENV, "bfloat16")  # the environment wins, as TRITONLLM_MODEL does
-    assert models.resolve_dtype("float32", "cpu") == torch.bfloat16
-    model, _ = models.load_model("tiny", "cpu", "float32")
+    monkeypatch.delenv(model_loader.DTYPE_ENV, raising=False)
+    expected = torch.bfloat16 if model_loader.cpu_runs_bf16_fast() else torch.float32
+    assert model_loader.resolve_dtype("auto", "cpu") == model_loader.resolve_dtype(None, "cpu") == expected
+    assert model_loader.resolve_dtype("float32", "cpu") == torch.float32
+    monkeypatch.setenv(model_loader.DTYPE_ENV, "bfloat16")  # the environment wins, as TRITONLLM_MODEL does
+    assert model_loader.resolve_dtype("float32", "cpu") == torch.bfloat16
+    model, _ = model_loader.load_model("tiny", "cpu", "float32")
     assert next(model.parameters()).dtype == torch.bfloat16
 
 
@@ -75,7 +76,7 @@ def test_other_llama_layout_architectures_match_generate(arch):
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }[arch]
-    _, tokenizer = models.load_model("tiny", "cpu")
+    _, tokenizer = model_loader.load_model("tiny", "cpu")
     config = config_cls(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
                         sliding_window=None, eos_token_id=tokenizer.eos_token_id)
@@ -96,7 +97,7 @@ def test_other_llama_layout_architectures_match_generate(arch):
 
 def test_fused_weights_share_storage_and_leave_the_model_working():
     """The runner concatenates q|k|v and gate|up once; the HF modules then read views of them."""
-    model, tokenizer = models.load_model("tiny", "cpu", "float32")
+    model, tokenizer = model_loader.load_model("tiny", "cpu", "float32")
     ids = torch.tensor([tokenizer.encode("The capital of France is")])
     before = model.generate(ids, max_new_tokens=8, do_sample=False)
     params = sum(p.numel() for p in model.parameters())
@@ -109,10 +110,10 @@ def test_fused_weights_share_storage_and_leave_the_model_working():
 
 
 def test_quantization_is_checked_and_named(monkeypatch):
-    from tritonllm.engine.quantization import QUANTIZATION_ENV
+    from tritonllm.kernels.quantization import QUANTIZATION_ENV
 
     monkeypatch.delenv(QUANTIZATION_ENV, raising=False)
-    model, _ = models.load_model("tiny", "cpu", "float32")
+    model, _ = model_loader.load_model("tiny", "cpu", "float32")
     with pytest.raises(ValueError, match="quantization must be one of none, int8, got 'int4'"):
         ModelRunner(model, num_slots=2, max_model_len=32, quantization="int4")
     with pytest.raises(ValueError, match="int8 runs on CPU with dtype bfloat16 or float16, not torch.float32"):
@@ -126,7 +127,7 @@ def test_bundled_model_answers_in_bfloat16(monkeypatch, quantization):
     from tritonllm.engine.sampling_params import SamplingParams
     from tritonllm.engine.scheduler import SchedulerConfig
 
-    model, tokenizer = models.load_model("bundled", "cpu", torch.bfloat16)
+    model, tokenizer = model_loader.load_model("bundled", "cpu", torch.bfloat16)
     engine = LLMEngine(model, tokenizer, SchedulerConfig(max_num_seqs=4, max_model_len=256), quantization)
     assert engine.runner.quantization == quantization
     capitals = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Germany": "Berlin"}
@@ -140,7 +141,7 @@ def test_bundled_model_answers_in_bfloat16(monkeypatch, quantization):
 
 HUGE_PAGES_PROBE = """
 import os, torch
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 load_model("tiny", "cpu", torch.float32)
 keep = torch.ones(4 << 20, dtype=torch.uint8)  # one tensor past PyTorch's 2 MB threshold, after the load
 at, flags = keep.data_ptr(), ""

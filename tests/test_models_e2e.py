@@ -524,7 +524,7 @@ def test_a_full_waiting_queue_answers_unavailable_and_recovers(strict_server):
 
 def test_every_model_reports_the_dtype_it_runs(triton_server):
     """dtype `auto` resolves in each model; the banner and the report read what the models export."""
-    from tritonllm.server.launcher import model_runs
+    from tritonllm.server.tritonserver import model_runs
 
     assert model_runs(triton_server.metrics_url) == {m: "float32 on cpu" for m in ("llm_inflight", *BATCHED)}
 

@@ -22,8 +22,8 @@ import requests
 from e2e_clients import SETTLE, TIMEOUT, wait_for_metric
 
 from tritonllm.engine.faults import hold_prompt
-from tritonllm.openai.process import OpenAIFront
-from tritonllm.server.launcher import find_free_ports
+from tritonllm.server.openai_front import OpenAIFront
+from tritonllm.server.tritonserver import find_free_ports
 
 MODELS = ("llm_inflight", "llm_dynamic", "llm_static")
 PROMPT = "The capital of France is"

@@ -24,7 +24,7 @@ from conftest import TEST_SERVER_ENV
 from e2e_clients import TIMEOUT, configured_repository, engine_parameter, wait_for_metric
 
 from tritonllm.engine.faults import hold_prompt
-from tritonllm.server.launcher import find_free_ports
+from tritonllm.server.tritonserver import find_free_ports
 
 KEY = "test-key-0123456789"
 

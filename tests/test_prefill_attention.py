@@ -1,4 +1,4 @@
-"""Prompt rows' attention (engine/prefill_attention.py): every row gets the bits of its own tile
+"""Prompt rows' attention (kernels/prefill_attention.py): every row gets the bits of its own tile
 computed alone, wherever its chunk starts and ends (a prefix-cache hit starts at a later tile than a
 cold prefill; a budget cuts a chunk at a tile's end), with whole tiles sharing calls only where the
 load-time check found that this CPU keeps their bits so."""
@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from tritonllm.engine import prefill_attention as module
-from tritonllm.engine.prefill_attention import (CALL_ROWS, PREFILL_TILE, checked_call_rows, prefill_attention,
+from tritonllm.kernels import prefill_attention as module
+from tritonllm.kernels.prefill_attention import (CALL_ROWS, PREFILL_TILE, checked_call_rows, prefill_attention,
                                                 shared_call_rows, tile_by_tile)
 
 SHAPES = [(9, 3, 64), (4, 2, 16)]  # the bundled model's heads, kv heads and head dim; the tiny one's
@@ -68,7 +68,7 @@ def test_the_check_turns_shared_calls_off_where_a_kernel_changes_a_rows_bits(mon
 
 def test_a_runner_attends_in_the_calls_the_check_chose():
     from tritonllm.engine.model_runner import ModelRunner
-    from tritonllm.models import load_model
+    from tritonllm.engine.model_loader import load_model
 
     model, _ = load_model("tiny", "cpu", torch.bfloat16)
     runner = ModelRunner(model, 2, 256)

@@ -18,7 +18,7 @@ import torch
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 
 
 class RecordingSampler:

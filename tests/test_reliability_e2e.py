@@ -30,7 +30,7 @@ from e2e_clients import (GREEDY, SETTLE, TIMEOUT, GrpcStream, as_json_body, conc
 from tritonclient.utils import InferenceServerException
 
 from tritonllm.engine.faults import FAIL_MARK, hold_prompt
-from tritonllm.server.launcher import ADMIN_KEY_HEADER, find_free_ports
+from tritonllm.server.tritonserver import ADMIN_KEY_HEADER, find_free_ports
 
 SLOTS, QUEUE = 2, 2  # llm_inflight of `tight_server`
 DYNAMIC_QUEUE = 4  # llm_dynamic of `tight_server` (its batches wait 10 minutes to fill)

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.triton.request import FLAG_INPUTS, OPTIONAL_INPUTS, TRTLLM_SCALARS, RequestError, parse_request
+from tritonllm.contract import FLAG_INPUTS, OPTIONAL_INPUTS, TRTLLM_SCALARS
+from tritonllm.triton.request import RequestError, parse_request
 
 SAMPLING_KEYS = list(SamplingParams.__dataclass_fields__)
 

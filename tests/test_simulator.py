@@ -39,7 +39,7 @@ def test_step_cost_interpolates_the_measured_grid():
 def tiny_profile(tmp_path_factory) -> Path:
     """The tiny model's step costs, measured by the real command."""
     path = tmp_path_factory.mktemp("profile") / "tiny.json"
-    proc = subprocess.run([sys.executable, "-m", "tritonllm.benchmark", "--model", "tiny", "--dtype", "float32",
+    proc = subprocess.run([sys.executable, "-m", "tritonllm.bench.engine", "--model", "tiny", "--dtype", "float32",
                            "--profile-steps", str(path)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from tritonllm import models
+from tritonllm import model_files as models
 
 
 def main(argv: list[str] | None = None) -> int:

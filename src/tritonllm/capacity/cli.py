@@ -34,7 +34,7 @@ from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WO
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
-    from tritonllm.models import resolve_model_path
+    from tritonllm.model_files import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path(model))
 

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.engine.kv_cache import KVGather, PagedKVCache
-from tritonllm.engine.paged_attention import PagedDecode, available
+from tritonllm.kernels.paged_attention import PagedDecode, available
 
 SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
 FLASH_KV_BLOCK = 512  # PyTorch's CPU flash kernel computes keys in blocks of this many

@@ -18,7 +18,7 @@ import math
 import torch
 
 from tritonllm.engine.block_manager import NULL_BLOCK
-from tritonllm.engine.numba_helpers import as_numpy
+from tritonllm.kernels.numba_helpers import as_numpy
 
 
 class PagedKVCache:

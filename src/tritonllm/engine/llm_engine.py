@@ -22,7 +22,7 @@ from tritonllm.engine import faults
 from tritonllm.engine.detokenizer import OutputText
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.model_runner import Chunk, ModelRunner
-from tritonllm.engine.prefill_attention import PREFILL_TILE
+from tritonllm.kernels.prefill_attention import PREFILL_TILE
 from tritonllm.engine.sampler import Sampler
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
@@ -83,7 +83,7 @@ class LLMEngine:
     @classmethod
     def from_spec(cls, model: str | None = None, device: str | None = None, dtype: str | None = None,
                   quantization: str | None = None, **config) -> "LLMEngine":
-        from tritonllm.models import load_model
+        from tritonllm.engine.model_loader import load_model
 
         hf_model, tokenizer = load_model(model, device, dtype)
         return cls(hf_model, tokenizer, SchedulerConfig(**config), quantization)

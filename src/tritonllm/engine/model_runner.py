@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from tritonllm.engine import layer_kernels, paged_attention, prefill_attention
+from tritonllm.kernels import layer_kernels, paged_attention, prefill_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
-from tritonllm.engine.linear import Call, call_ranges, linear, nbytes, prepare
-from tritonllm.engine.numba_helpers import as_numpy
-from tritonllm.engine.prefill_attention import PREFILL_TILE
-from tritonllm.engine.quantization import resolve_quantization
+from tritonllm.kernels.linear import Call, call_ranges, linear, nbytes, prepare
+from tritonllm.kernels.numba_helpers import as_numpy
+from tritonllm.kernels.prefill_attention import PREFILL_TILE
+from tritonllm.kernels.quantization import resolve_quantization
 from tritonllm.engine.rotary import RotaryTables
 from tritonllm.engine.step_ops import KernelOps, StepLayout, TorchOps, rms_norm
 

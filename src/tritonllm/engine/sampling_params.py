@@ -1,7 +1,8 @@
 """Sampling parameters with vLLM's names, validated key by key.
 
 Values may arrive as strings (Triton's HTTP generate and the vLLM backend send `"128"`): each key
-is coerced to its own type, and a wrong type or out-of-range value raises `ValueError` naming it.
+is coerced to its own type, and a wrong type or out-of-range value raises a RequestError (a
+ValueError) naming it, its `field` the key.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from tritonllm.errors import RequestError, parse_bool
 
 
 @dataclass
@@ -57,12 +60,12 @@ class SamplingParams:
         if isinstance(values, (str, bytes)):
             values = json_object(values, "sampling_parameters")
         if not isinstance(values, dict | None):
-            raise ValueError("sampling_parameters must be a JSON object")
+            raise RequestError("sampling_parameters must be a JSON object", "sampling_parameters")
         known = {f.name: f for f in fields(cls)}
         kwargs = {}
         for key, value in (values or {}).items():
             if key not in known:
-                raise ValueError(f"unknown sampling parameter {key!r}; known: {', '.join(sorted(known))}")
+                raise RequestError(f"unknown sampling parameter {key!r}; known: {', '.join(sorted(known))}", key)
             if value is None:
                 continue
             kwargs[key] = _COERCE[key](key, value)
@@ -75,7 +78,7 @@ def _loads(text: str | bytes) -> Any:
     try:
         return json.loads(text)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise RequestError("JSON nested too deeply") from None
 
 
 def json_object(text: str | bytes, what: str) -> dict[str, Any]:
@@ -85,15 +88,15 @@ def json_object(text: str | bytes, what: str) -> dict[str, Any]:
     try:
         value = _loads(text)
     except ValueError as exc:
-        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+        raise RequestError(f"{what} is not valid JSON: {exc}", what) from None
     if not isinstance(value, dict):
-        raise ValueError(f"{what} must be a JSON object")
+        raise RequestError(f"{what} must be a JSON object", what)
     return value
 
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:
     if not ok:
-        raise ValueError(f"sampling parameter {key!r} {why}, got {_shown(value)}")
+        raise RequestError(f"sampling parameter {key!r} {why}, got {_shown(value)}", key)
 
 
 def _to_int(key: str, value: Any) -> int:
@@ -119,17 +122,7 @@ def _to_float(key: str, value: Any) -> float:
 
 
 def _to_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (str, bytes)):
-        text = value.decode() if isinstance(value, bytes) else value
-        if text.lower() in ("true", "1"):
-            return True
-        if text.lower() in ("false", "0"):
-            return False
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    _fail(key, value, "a boolean")
+    return parse_bool(value, key, f"sampling parameter {key!r}")
 
 
 def _to_str_list(key: str, value: Any) -> list[str]:
@@ -160,7 +153,7 @@ def _to_int_list(key: str, value: Any) -> list[int]:
 
 
 def _fail(key: str, value: Any, kind: str):
-    raise ValueError(f"sampling parameter {key!r} must be {kind}, got {_shown(value)}")
+    raise RequestError(f"sampling parameter {key!r} must be {kind}, got {_shown(value)}", key)
 
 
 def _shown(value: Any, limit: int = 80) -> str:

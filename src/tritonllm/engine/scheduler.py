@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from tritonllm.engine.block_manager import BlockManager
 from tritonllm.engine.sequence import Sequence, Status
+from tritonllm.errors import Fault, RequestError, parse_bool
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,7 @@ class SchedulerConfig:
                 continue
             text = params[name].strip()
             if isinstance(default, bool):
-                if text.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(f"parameter {name} must be true or false, got {text!r}")
-                values[name] = text.lower() in ("true", "1")
+                values[name] = parse_bool(text, name, f"parameter {name}")
             else:
                 values[name] = type(default)(text)
         return cls(**{**values, **fixed})
@@ -113,20 +112,18 @@ class Scheduler:
         self.num_preemptions = 0
 
     def check_fits(self, seq: Sequence) -> None:
-        """Raise ValueError if the sequence could never run."""
+        """Raise RequestError if the sequence could never run."""
         if seq.num_prompt == 0:
-            raise ValueError("the prompt is empty")
+            raise RequestError("the prompt is empty", "prompt")
         if seq.max_total_tokens > self.config.max_model_len:
-            raise ValueError(
+            raise RequestError(
                 f"prompt ({seq.num_prompt} tokens) + max_tokens ({seq.params.max_tokens}) = "
-                f"{seq.max_total_tokens} exceeds max_model_len ({self.config.max_model_len})"
-            )
+                f"{seq.max_total_tokens} exceeds max_model_len ({self.config.max_model_len})", "max_tokens", Fault.TOO_LONG)
         pool_tokens = self.blocks.num_usable * self.config.block_size
         if seq.max_total_tokens > pool_tokens:
-            raise ValueError(
+            raise RequestError(
                 f"prompt ({seq.num_prompt} tokens) + max_tokens ({seq.params.max_tokens}) = "
-                f"{seq.max_total_tokens} exceeds the KV cache ({pool_tokens} tokens)"
-            )
+                f"{seq.max_total_tokens} exceeds the KV cache ({pool_tokens} tokens)", "max_tokens", Fault.TOO_LONG)
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq)

@@ -18,12 +18,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import layer_kernels
+from tritonllm.kernels import layer_kernels
 from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.kv_cache import KVGather
-from tritonllm.engine.numba_helpers import as_numpy
-from tritonllm.engine.paged_attention import PagedDecode
-from tritonllm.engine.prefill_attention import PREFILL_TILE, prefill_attention
+from tritonllm.kernels.numba_helpers import as_numpy
+from tritonllm.kernels.paged_attention import PagedDecode
+from tritonllm.kernels.prefill_attention import PREFILL_TILE, prefill_attention
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """OpenAI's error shape `{"error": {"message", "type", "param", "code"}}` and the status of each failure.
 
-Triton tells a failure two ways: a unary call raises with a gRPC status, a stream response only
-carries the model's message. Both are mapped here, so a client sees the status OpenAI would use:
+A request the front's own checks refuse (the engine's RequestError) gets the status of its fault and
+`param` of its field. From Triton a failure comes two ways: a unary call raises with a gRPC status
+(the models answer each fault with its Triton error code), a stream response carries only the
+model's message, so there the message's marks decide. Both are mapped here, so a client sees the status OpenAI would use:
 400 for a request the model refuses, 404 for an unknown model, 503 when a queue is full or the
 server is shutting down (with the engine's own message), 500 when the model failed.
 """
@@ -9,6 +11,8 @@ server is shutting down (with the engine's own message), 500 when the model fail
 from __future__ import annotations
 
 from typing import Any
+
+from tritonllm.errors import RequestError
 
 
 class OpenAIError(Exception):
@@ -45,6 +49,12 @@ def default_type(status: int) -> str:
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param=param)
+
+
+def from_request_error(exc: RequestError, message: str | None = None, param: str | None = None) -> OpenAIError:
+    """The front's answer to a request the engine's checks refused: status from the fault, `param` from
+    the field (or as given)."""
+    return OpenAIError(exc.fault.http_status, message or str(exc), param=param or exc.field)
 
 
 def unknown_model(name: str, served: list[str]) -> OpenAIError:

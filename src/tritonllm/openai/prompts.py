@@ -41,7 +41,7 @@ class PromptTokenizer:
     def load(cls, spec: str) -> "PromptTokenizer":
         from transformers import AutoTokenizer
 
-        from tritonllm.models import BUNDLED, TINY, prepare_bundled, prepare_tiny
+        from tritonllm.model_files import BUNDLED, TINY, prepare_bundled, prepare_tiny
 
         # Not resolve_model_path: $TRITONLLM_MODEL must not win over a tokenizer named on purpose.
         path = str(prepare_bundled()) if spec == BUNDLED else str(prepare_tiny()) if spec == TINY else spec

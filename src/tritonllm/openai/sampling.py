@@ -8,18 +8,17 @@ here with the reason, rather than silently ignored.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tritonllm.engine.sampling_params import SamplingParams
-from tritonllm.openai.errors import bad_request
+from tritonllm.errors import RequestError
+from tritonllm.openai.errors import bad_request, from_request_error
 from tritonllm.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 # OpenAI / vLLM field -> the models' sampling key (the same name, except where noted).
 PASSED = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
           "repetition_penalty", "presence_penalty", "frequency_penalty", "skip_special_tokens")
 MAX_N = 16  # choices per prompt; each is its own request upstream
-_KEY_IN_MESSAGE = re.compile(r"sampling parameter '([a-z_]+)'")
 
 
 def refuse_unsupported(req: SamplingFields) -> None:
@@ -66,11 +65,10 @@ def sampling_parameters(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
         del values["stop"]
     try:
         SamplingParams.from_dict(values)
-    except ValueError as exc:
-        match = _KEY_IN_MESSAGE.search(str(exc))
-        key = match.group(1) if match else None
-        param = "max_completion_tokens" if key == "max_tokens" and req.max_completion_tokens is not None else key
-        raise bad_request(str(exc).replace("sampling parameter", "field", 1), param) from None
+    except RequestError as exc:
+        param = "max_completion_tokens" if exc.field == "max_tokens" and req.max_completion_tokens is not None \
+            else exc.field
+        raise from_request_error(exc, str(exc).replace("sampling parameter", "field", 1), param) from None
     return values
 
 

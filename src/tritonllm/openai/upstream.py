@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from tritonllm_client.contract import first_value, model_info_from_config, request_inputs
+from tritonllm_client.contract import first_value, grpc_inputs, is_final_response, model_info_from_config, request_inputs
 
 CONFIG_TTL_S = 30.0  # how long a model's config is trusted before it is read again
 READY_TTL_S = 1.0  # how long a readiness answer is reused (every /v1/models call would ask otherwise)
@@ -170,7 +169,7 @@ class Triton:
                     done = True  # the model sent its one final response: an error
                     raise UpstreamError(error.message(), error.status())
                 response = result.get_response()
-                final = response.parameters["triton_final_response"].bool_param
+                final = is_final_response(response)
                 if response.outputs:
                     yield _piece(result, final)
                 if final:
@@ -182,19 +181,8 @@ class Triton:
 
 
 def _tensors(model: ServedModel, prompt: str, sampling: dict[str, Any], stream: bool) -> list[InferInput]:
-    shape = [1, 1] if model.batching else [1]
-    tensors = []
-    values = request_inputs(prompt, sampling, stream)
-    values["return_num_input_tokens"] = ("BOOL", True)
-    for name, (datatype, value) in values.items():
-        if datatype == "BYTES":
-            array = np.array([value.encode("utf-8")], dtype=np.object_)
-        else:
-            array = np.array([value], dtype=bool)
-        tensor = InferInput(name, shape, datatype)
-        tensor.set_data_from_numpy(array.reshape(shape))
-        tensors.append(tensor)
-    return tensors
+    return grpc_inputs(request_inputs(prompt, sampling, stream, return_num_input_tokens=True),
+                       [1, 1] if model.batching else [1])
 
 
 def _piece(result, final: bool) -> Piece:

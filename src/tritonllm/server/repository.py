@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
+from tritonllm.server.tritonserver import DEFAULT_MODEL_REPOSITORY
 
 
 def configured_repository(dest: Path, models: dict[str, dict[str, str]], sources: dict[str, str] | None = None) -> Path:

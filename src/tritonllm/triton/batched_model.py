@@ -13,14 +13,15 @@ import json
 from dataclasses import replace
 
 from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
+from tritonllm.errors import Fault, RequestError
 from tritonllm.triton import pb
 from tritonllm.triton.metrics import EngineCounters
-from tritonllm.triton.request import RequestError
 
 
 class BatchedModel:
     def initialize(self, args):
+        pb.check_config(args)
         params = pb.model_parameters(args)
         self.model_name = args["model_name"]
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
@@ -44,10 +45,10 @@ class BatchedModel:
                 req = pb.read_request(request)
                 if req.stream:
                     raise RequestError(f"{self.model_name} cannot stream (it answers when its batch ends); "
-                                       "send stream=false, or use llm_inflight")
+                                       "send stream=false, or use llm_inflight", "stream", Fault.UNSUPPORTED)
                 batch.append((i, req, self.engine.add_request(req.prompt, req.params)))
             except ValueError as exc:
-                responses[i] = pb.error_response(str(exc))
+                responses[i] = pb.refusal_response(exc)
         outputs = {}
         for out in self._run_batch():
             outputs.setdefault(out.request_id, []).append(out)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sequence import RequestOutput
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 from tritonllm.triton import pb
 from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest
@@ -42,6 +42,7 @@ class OpenRequest:
 
 class InflightModel:
     def initialize(self, args):
+        pb.check_config(args)
         params = pb.model_parameters(args)
 
         def build() -> LLMEngine:
@@ -66,7 +67,7 @@ class InflightModel:
             try:
                 refusal = self._admit(request, sender, request_id)
             except ValueError as exc:  # RequestError, or a request that can never run
-                refusal = pb.error_response(str(exc))
+                refusal = pb.refusal_response(exc)
             except Exception as exc:  # whatever it is, this request still gets its one final response
                 log.exception("llm_inflight: accepting a request failed")
                 refusal = pb.internal_error_response(f"llm_inflight could not accept the request: {exc}")

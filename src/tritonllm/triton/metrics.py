@@ -17,7 +17,7 @@ from __future__ import annotations
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.sequence import RequestOutput
 from tritonllm.metric_names import VLLM_LABELS, VLLM_NAMES
-from tritonllm.models import dtype_name
+from tritonllm.engine.model_loader import dtype_name
 from tritonllm.triton.pb import pb_utils
 
 MODEL_INFO = "tritonllm_model_info"

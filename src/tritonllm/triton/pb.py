@@ -10,9 +10,19 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonllm.contract import OPTIONAL_INPUTS, config_problems
 from tritonllm.engine.scheduler import SchedulerConfig
 from tritonllm.engine.sequence import RequestOutput
-from tritonllm.triton.request import OPTIONAL_INPUTS, GenerateRequest, RequestError, parse_request
+from tritonllm.errors import RequestError
+from tritonllm.triton.request import GenerateRequest, parse_request
+
+
+def check_config(args: dict) -> None:
+    """Refuse to load a model whose config.pbtxt declares other inputs or outputs than the contract."""
+    problems = config_problems(json.loads(args["model_config"]))
+    if problems:
+        raise ValueError(f"{args['model_name']}: config.pbtxt does not match the request contract "
+                         f"(tritonllm/contract.py): {'; '.join(problems)}")
 
 
 def model_parameters(args: dict) -> dict[str, str]:
@@ -69,6 +79,13 @@ def error_response(message: str, code=None):
     return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
 
 
+def refusal_response(exc: ValueError):
+    """The answer to a request the model refuses: a RequestError with its fault's error code, any other
+    ValueError (a request that cannot run) as an invalid argument."""
+    fault = getattr(exc, "fault", None)
+    return error_response(str(exc), getattr(pb_utils.TritonError, fault.triton_code) if fault else None)
+
+
 def unavailable_response(message: str):
     return error_response(message, pb_utils.TritonError.UNAVAILABLE)
 
@@ -78,5 +95,5 @@ def internal_error_response(message: str):
     return error_response(message, pb_utils.TritonError.INTERNAL)
 
 
-__all__ = ["RequestError", "engine_config", "error_response", "internal_error_response", "model_parameters", "output_response",
-           "read_request", "unavailable_response", "pb_utils"]
+__all__ = ["RequestError", "check_config", "engine_config", "error_response", "internal_error_response", "model_parameters",
+           "output_response", "read_request", "refusal_response", "unavailable_response", "pb_utils"]

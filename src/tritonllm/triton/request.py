@@ -1,5 +1,5 @@
-"""The request contract shared by all three models: Triton's vLLM backend interface plus the
-TensorRT-LLM ensemble's optional scalar inputs.
+"""A Triton request of any of the three models, read into a GenerateRequest by the contract's names
+(tritonllm/contract.py).
 
 Pure Python over numpy arrays, so it is tested without a server. Sampling values are merged in
 this order, later winning: request parameters (HTTP generate puts unknown JSON keys there), the
@@ -13,32 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from tritonllm.contract import FLAG_INPUTS, TRTLLM_SCALARS
 from tritonllm.engine.sampling_params import SamplingParams, json_object
-
-FLAG_INPUTS = ("stream", "exclude_input_in_output", "return_finish_reason",
-               "return_num_input_tokens", "return_num_output_tokens")
-
-# TensorRT-LLM ensemble input name -> vLLM sampling key.
-TRTLLM_SCALARS = {
-    "max_tokens": "max_tokens",
-    "min_length": "min_tokens",
-    "temperature": "temperature",
-    "top_k": "top_k",
-    "top_p": "top_p",
-    "random_seed": "seed",
-    "repetition_penalty": "repetition_penalty",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "stop_words": "stop",
-}
-
-# Every input a model of this repository declares besides text_input (see config.pbtxt).
-OPTIONAL_INPUTS = ("sampling_parameters", *FLAG_INPUTS, *TRTLLM_SCALARS)
-
-
-class RequestError(ValueError):
-    """A request the model cannot serve; the message names what is wrong."""
-
+from tritonllm.errors import RequestError, parse_bool
 
 @dataclass
 class GenerateRequest:
@@ -70,7 +47,7 @@ def parse_request(inputs: dict[str, np.ndarray], parameters: dict[str, Any] | st
 
 def _parse(inputs: dict[str, np.ndarray], parameters: dict[str, Any]) -> GenerateRequest:
     if "text_input" not in inputs:
-        raise RequestError("missing required input 'text_input'")
+        raise RequestError("missing required input 'text_input'", "text_input")
     prompt = _text(inputs["text_input"], "text_input")
     flags = {name: _flag(inputs[name], name) for name in FLAG_INPUTS if name in inputs}
     sampling: dict[str, Any] = {}
@@ -102,7 +79,7 @@ def _parameters(parameters: dict[str, Any] | str | None) -> dict[str, Any]:
 def _first(array: np.ndarray, name: str):
     flat = np.asarray(array).reshape(-1)
     if flat.size == 0:
-        raise RequestError(f"input {name!r} is empty")
+        raise RequestError(f"input {name!r} is empty", name)
     return flat[0]
 
 
@@ -112,10 +89,10 @@ def _text(array: np.ndarray, name: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise RequestError(f"input {name!r} is not valid UTF-8: {exc}") from None
+            raise RequestError(f"input {name!r} is not valid UTF-8: {exc}", name) from None
     if isinstance(value, str):
         return value
-    raise RequestError(f"input {name!r} must be a string")
+    raise RequestError(f"input {name!r} must be a string", name)
 
 
 def _flag(array: np.ndarray, name: str) -> bool:
@@ -123,13 +100,7 @@ def _flag(array: np.ndarray, name: str) -> bool:
 
 
 def _coerce_flag(value: Any, name: str) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    raise RequestError(f"input {name!r} must be a boolean, got {value!r}")
+    return parse_bool(value, name, f"input {name!r}")
 
 
 def _scalar(array: np.ndarray, name: str) -> Any:

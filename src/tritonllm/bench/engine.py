@@ -2,7 +2,7 @@
 
 0. decode: the model runner's decode step alone at 8 and 32 slots (ms, tok/s, GB/s of weights), and
    7 short rows + 1 long against 8 short; on CPU in bf16 each also with PyTorch's ops between the
-   matmuls instead of the compiled layer kernels (engine/layer_kernels.py), side by side;
+   matmuls instead of the compiled layer kernels (kernels/layer_kernels.py), side by side;
    prefill: a lone prompt's prefill (256 and 1,280 tokens cold, 256 after 1,024 cached), with
    batch invariance on and, where it costs matmul calls (AMX), off, side by side;
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
@@ -38,7 +38,7 @@ from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.models import DTYPES, dtype_name, load_model, resolve_dtype
+from tritonllm.engine.model_loader import DTYPES, dtype_name, load_model, resolve_dtype
 
 def make_workload(n: int, output_tokens: str, prompt_words: str, seed: int) -> list[tuple[str, int]]:
     """(prompt, output length) pairs: the load test's own workload (shipped prompts), so both agree."""
@@ -136,7 +136,7 @@ def run_decode_steps(model, quantization: str | None = None, repeats: int = 10) 
     """The runner's decode step alone at 8 and 32 slots: time, tok/s and the weights' bytes per step
     time (GB/s: how close the step comes to streaming its weights at memory speed), and one long row
     among short ones against all short (attention that follows true lengths costs little more).
-    Where the compiled layer kernels run (engine/layer_kernels.py: CPU, bf16), every case is also
+    Where the compiled layer kernels run (kernels/layer_kernels.py: CPU, bf16), every case is also
     timed with PyTorch's ops between the matmuls instead, alternating in the same process
     (`torch_ops_over_kernels`: what the kernels save a step)."""
     runner = ModelRunner(model, max(len(lengths) for _, lengths in DECODE_CASES), 2048, quantization)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tritonllm.engine.numba_helpers import numba
+from tritonllm.kernels.numba_helpers import numba
 
 if numba is not None:
     from numba import njit, prange
 
-    from tritonllm.engine.numba_helpers import as_float32, expf, to_bf16
+    from tritonllm.kernels.numba_helpers import as_float32, expf, to_bf16
 
 
 def available(dtype: torch.dtype, device: torch.device, activation: str) -> bool:

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
     from tritonllm_loadtest.workload import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_WORDS, Workload
 
-    from tritonllm.models import bundled_dir
+    from tritonllm.model_files import bundled_dir
 
     p = argparse.ArgumentParser(prog="tritonllm-bench-kv", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

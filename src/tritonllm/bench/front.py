@@ -19,7 +19,6 @@ requests with a 95 % bootstrap interval. A benchmark, not a test: minutes of CPU
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -28,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tritonllm.openai.process import OpenAIFront
-from tritonllm.server.launcher import TritonServer, find_free_ports
+from tritonllm.bench.results import write_results
+from tritonllm.server.children import die_with_parent
+from tritonllm.server.openai_front import OpenAIFront
+from tritonllm.server.tritonserver import TritonServer, find_free_ports
 from tritonllm_loadtest.samples import Sample, load_samples
 
 HALVES = ("triton", "openai")  # tritonllm-compare --via
@@ -100,7 +101,8 @@ def run_pair(triton: TritonServer, front: OpenAIFront, users: int, out: Path, ar
     procs = {}
     for via in HALVES:
         cmd = compare_command(triton, front, via, half, half * args.requests_per_user, out / via, args)
-        procs[via] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.parent / f"{out.name}-{via}.log", "w"))
+        procs[via] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(out.parent / f"{out.name}-{via}.log", "w"),
+                                      preexec_fn=die_with_parent)
     for via, proc in procs.items():
         if proc.wait() != 0:
             raise SystemExit(f"error: tritonllm-compare --via {via} failed, see {out.parent / f'{out.name}-{via}.log'}")
@@ -154,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{u} users, round {r}: front / direct {result['tokens_ratio']:.2f}x tok/s, "
                     f"TTFT p50 {result['ttft_p50_delta'] * 1000:+.1f} ms")
     lines = markdown(results, args)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_results(out, results, "\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tritonllm.engine.numba_helpers import as_numpy, numba
+from tritonllm.kernels.numba_helpers import as_numpy, numba
 
 if numba is not None:
     from numba import njit, prange
 
-    from tritonllm.engine.numba_helpers import as_float32, expf, prefetch, store
+    from tritonllm.kernels.numba_helpers import as_float32, expf, prefetch, store
 
 SUPPORTED = (torch.bfloat16, torch.float32)
 
