@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tritonllm import benchmark
+from tritonllm.bench import engine as benchmark
 
 
 def test_benchmark_runs_every_way_of_batching_on_the_same_requests(tmp_path, capsys):
