@@ -5,9 +5,10 @@ a few tests load the bundled SmolLM2 in-process. The server runs with the test-o
 (engine/faults.py): a prompt with `[[hold:N]]` makes a request that cannot finish by itself, so
 tests that need a request still running are certain of it.
 
-Every test is in one tier (a pytest marker, set here): `unit` (one piece, in process: the tiny model,
-or the bundled one where a test says so), `server` (a real tritonserver, front or peer on loopback),
-`container` (images built and run). `pytest -m unit` is the quick loop; the README's command runs all.
+Every test is in one tier (a pytest marker, set here): `unit` (one piece in process, the tiny model),
+`model` (in process on the bundled real model: its invariance and parity), `server` (a real
+tritonserver, front or peer on loopback), `container` (images built and run). `pytest -m unit` is the
+quick loop; the README's command runs them all.
 
 When a test that uses a server fails, its report carries what that server logged during the
 test (pytest prints it under the failure; `-rfE` lists every failure at the end).
@@ -86,13 +87,15 @@ def reference(tiny_model):
 SERVER_FIXTURES = {"triton_server", "locust_runs", "front", "bundled_bf16_server", "cluster", "fresh_cluster",
                    "strict_server", "tight_server"}
 CONTAINER_MODULES = {"test_containers_e2e"}
+MODEL_MODULES = {"test_batch_invariance"}  # long in-process runs on either model
 SERVER_MODULES = {"test_openai_launcher_e2e", "test_soak", "test_termination", "test_children",
                   "test_load_balancer_e2e"}
 
 
 def pytest_collection_modifyitems(items):
     """Each test's tier: container by module; server where it uses a server fixture, sits in a module of
-    server tests or is marked `server` itself; unit otherwise."""
+    server tests or is marked `server` itself; model where it runs the bundled model in process (its
+    name or parameters say `bundled`) or sits in a module of long in-process runs; unit otherwise."""
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1]
         if module in CONTAINER_MODULES:
@@ -100,6 +103,8 @@ def pytest_collection_modifyitems(items):
         elif (module in SERVER_MODULES or SERVER_FIXTURES & set(item.fixturenames)
               or item.get_closest_marker("server")):
             item.add_marker(pytest.mark.server)
+        elif "bundled" in item.nodeid or module in MODEL_MODULES:
+            item.add_marker(pytest.mark.model)
         else:
             item.add_marker(pytest.mark.unit)
 
