@@ -5,28 +5,25 @@ loop that reads each row's keys through its block table, in place, up to its own
 follows is the path for everything else (other devices, float16): calls of PyTorch's flash kernel.
 
 Each row attends over its own sequence's keys (kv_cache.py), in calls of PyTorch's CPU flash
-kernel, each row masked to its own length. One call over every row padded to the longest made
-every row pay for the longest (7 rows at 32 tokens + 1 at 1,600 cost as much as 8 at 1,600); a
-call per length made every step pay a call's fixed cost (~50 us a layer here) many times. So each
-step groups its rows by length (`group_rows`: fewest calls x padded keys, by a measured cost) and
-a row longer than the kernel's block of 512 keys goes alone.
+kernel, each row masked to its own length. One call over every row padded to the longest makes
+every row pay for the longest; a call per length makes every step pay a call's fixed cost many
+times. So each step groups its rows by length (`group_rows`: fewest calls x padded keys, by a
+measured cost) and a row longer than the kernel's block of 512 keys goes alone.
 
-Batch invariance: a row's result must not depend on the other rows. Measured on PyTorch 2.13's
-CPU flash kernel with the bundled model's own queries, keys and values (bf16), a row gets the
-same bits in every call of K keys, with any number of rows, at any place among them, whatever its
-masked keys hold, when:
+Batch invariance: a row's result must not depend on the other rows. On PyTorch 2.13's CPU flash
+kernel a row gets the same bits in every call of K keys, with any number of rows, at any place
+among them, whatever its masked keys hold, when:
 - K is below the kernel's block of 512 keys (past it the kernel's buffers cannot all be aligned;
   such a row always goes alone, so its work is split across threads the same way every time);
 - each thread's buffer, (query heads per KV head) x (K + 2 + head_dim) floats, sits on 64 bytes
-  (`aligned`; K ≡ 14 mod 16 for the bundled model): a row computed in a buffer off a 64-byte
-  boundary rounded differently;
+  (`aligned`): a buffer off a 64-byte boundary rounds differently;
 - every one of the row's keys lies in the kernel's full vectors of 16 (the row's length <= 16 x
-  (K // 16)): keys past the last full vector take a scalar exp, other bits (a row of 350 keys in a
-  call of 350 against one of 414: other bits in 25 of 30 layers; in calls of 366 to 510: the same);
+  (K // 16)): keys past the last full vector take a scalar exp, other bits;
 - the gemm is past PyTorch's small-gemm fallback (K x query heads per KV head x head_dim > 16^3).
 `min_keys` is the fewest keys of a call that meets these for a row; any longer aligned call below
 512 gives the row the same bits (tested). Several rows of one sequence (its generated tokens
-recomputed after preemption) are rows like any others, each over its own prefix.
+recomputed after preemption) are rows like any others, each over its own prefix. What the grouping
+saves and where the rules were found: docs/benchmarks.md (§0d, §0g).
 
 Rows at home in their lane (block_manager.py) are read in place: one call over the lanes from
 the lowest to the highest a group uses, as fixed slots were (lanes without a row of the group
