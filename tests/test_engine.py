@@ -39,9 +39,9 @@ def tiny():
     return model, tokenizer
 
 
-def make_engine(tiny, **overrides) -> LLMEngine:
+def make_engine(tiny, engine_class=LLMEngine, **overrides) -> LLMEngine:
     model, tokenizer = tiny
-    return LLMEngine(model, tokenizer, SchedulerConfig(**{**SMALL, **overrides}))
+    return engine_class(model, tokenizer, SchedulerConfig(**{**SMALL, **overrides}))
 
 
 def hf_greedy(model, ids: list[int], max_new_tokens: int, eos: set[int], **kwargs) -> list[int]:
@@ -501,7 +501,7 @@ def test_held_request_keeps_its_slot_until_aborted(tiny, monkeypatch):
     """The test-only fault `[[hold:N]]`: N tokens, then no compute and no finish until aborted."""
     from tritonllm.engine import faults
 
-    engine = make_engine(tiny, max_num_seqs=2)
+    engine = make_engine(tiny, faults.FaultInjectingEngine, max_num_seqs=2)
     collect = Collector()
     long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
     unheld = engine.add_request(faults.hold_prompt(3, "ignored without the switch"), long, collect)
@@ -518,6 +518,20 @@ def test_held_request_keeps_its_slot_until_aborted(tiny, monkeypatch):
     engine.step()
     assert collect.final(held).finish_reason == "abort" and engine.num_running == 0
     assert not engine.has_unfinished()
+
+
+def test_the_engine_itself_knows_no_faults(tiny, monkeypatch):
+    """The faults live in FaultInjectingEngine alone: the plain engine serves a marked prompt as any other."""
+    from tritonllm.engine import faults
+
+    monkeypatch.setenv(faults.ENV, "1")
+    engine = make_engine(tiny)
+    outs = engine.generate([faults.hold_prompt(2, "Hello"), f"{faults.FAIL_MARK} boom"],
+                           SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert [o.finish_reason for o in outs] == ["length", "length"] and all(o.error is None for o in outs)
+    assert faults.engine_class() is faults.FaultInjectingEngine
+    monkeypatch.delenv(faults.ENV)
+    assert faults.engine_class() is LLMEngine
 
 
 def test_abort_all_waiting_then_everything(tiny):
@@ -546,7 +560,7 @@ def test_a_failing_forward_fails_only_the_request_that_fails_alone(tiny, monkeyp
     from tritonllm.engine import faults
 
     monkeypatch.setenv(faults.ENV, "1")
-    engine = make_engine(tiny)
+    engine = make_engine(tiny, faults.engine_class())
     greedy = SamplingParams(temperature=0, max_tokens=8)
     expected = [o.text for o in engine.generate(TEXT_PROMPTS[:3], greedy)]
     outs = engine.generate([f"{faults.FAIL_MARK} boom", *TEXT_PROMPTS[:3]], greedy)

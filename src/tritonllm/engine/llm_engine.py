@@ -18,7 +18,6 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from tritonllm.engine import faults
 from tritonllm.engine.detokenizer import OutputText
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.model_runner import Chunk, ModelRunner
@@ -100,8 +99,7 @@ class LLMEngine:
         self.scheduler.check_fits(seq)
         seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
         seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
-        seq.hold_after = faults.hold_after(prompt)
-        seq.fails_forward = faults.fails_forward(prompt)
+        self._on_add(seq, prompt)
         with self._wake:
             self._inbox.append(seq)
             self._wake.notify()
@@ -140,10 +138,7 @@ class LLMEngine:
         blocks = self.scheduler.blocks
         self.stats.preemptions = self.scheduler.num_preemptions
         self.stats.prefix_cache_queries, self.stats.prefix_cache_hits = blocks.prefix_queries, blocks.prefix_hits
-        if any(c.seq.held for c in chunks):  # test-only fault: held sequences compute nothing
-            chunks = [c for c in chunks if not c.seq.held]
-            if not chunks:
-                time.sleep(faults.HOLD_IDLE_S)
+        chunks = self._computable(chunks)
         if chunks:
             computed = [c.seq.num_computed for c in chunks]
             try:
@@ -198,9 +193,15 @@ class LLMEngine:
                 outputs.append(self._finish(c.seq, "error", f"the model failed on this request: {exc}"))
         return outputs
 
+    # Seams for a subclass (engine/faults.py injects the test-only faults through them); here they do nothing.
+    def _on_add(self, seq: Sequence, prompt) -> None:
+        """A request's sequence, before it is queued."""
+
+    def _computable(self, chunks: list) -> list:
+        """The scheduled chunks this step computes."""
+        return chunks
+
     def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
-        if any(c.seq.fails_forward and not c.padding for c in chunks):
-            raise faults.InjectedFault("test fault: the forward failed")
         batch = [Chunk(c.seq.block_table, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
                        c.start, c.samples, c.seq.num_prompt) for c in chunks]
         logits = self.runner.forward(batch)
@@ -237,9 +238,10 @@ class LLMEngine:
         seq.token_times.append(now)
         if seq.first_token_time is None:
             seq.first_token_time = now
-        if seq.held:  # test-only fault: never finishes by itself
-            seq.detokenizer.add(token, check_stop=False)
-            return None
+        return self._finish_reason(seq, token)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        """Why the sequence ends with this (already recorded) token; None: it goes on."""
         p = seq.params
         may_stop = len(seq.output_ids) >= p.min_tokens
         if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.sampler.eos_token_ids)):

@@ -55,8 +55,6 @@ class Sequence:
     detokenizer: object | None = None
     generator: object | None = None
     sent_tokens: int = 0  # output tokens already reported
-    hold_after: int | None = None  # test-only fault (engine/faults.py): held after this many tokens
-    fails_forward: bool = False  # test-only fault: every forward computing it raises
 
     @property
     def num_prompt(self) -> int:
@@ -78,11 +76,6 @@ class Sequence:
     def max_total_tokens(self) -> int:
         """KV room this sequence can ever need: prompt plus every token it may generate."""
         return self.num_prompt + self.params.max_tokens
-
-    @property
-    def held(self) -> bool:
-        """Test-only fault: generated its `hold_after` tokens; keeps its slot until aborted."""
-        return self.hold_after is not None and len(self.output_ids) >= self.hold_after
 
     @property
     def finished(self) -> bool:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from tritonllm.engine.llm_engine import LLMEngine, merge_outputs
+from tritonllm.engine.faults import engine_class
+from tritonllm.engine.llm_engine import merge_outputs
 from tritonllm.engine.model_loader import load_model
 from tritonllm.errors import Fault, RequestError
 from tritonllm.triton import pb
@@ -27,7 +28,7 @@ class BatchedModel:
         max_batch_size = json.loads(args["model_config"])["max_batch_size"]
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
         config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
-        self.engine = LLMEngine(model, tokenizer, config, params.get("quantization"))
+        self.engine = engine_class()(model, tokenizer, config, params.get("quantization"))
         self.counters = EngineCounters(self.model_name, self.engine)  # the same counters as llm_inflight
 
     def execute(self, requests):

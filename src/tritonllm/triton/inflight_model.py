@@ -17,9 +17,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tritonllm.engine.faults import engine_class
 from tritonllm.engine.llm_engine import LLMEngine
-from tritonllm.engine.sequence import RequestOutput
 from tritonllm.engine.model_loader import load_model
+from tritonllm.engine.sequence import RequestOutput
 from tritonllm.triton import pb
 from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest
@@ -47,7 +48,7 @@ class InflightModel:
 
         def build() -> LLMEngine:
             model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
-            return LLMEngine(model, tokenizer, pb.engine_config(params), params.get("quantization"))
+            return engine_class()(model, tokenizer, pb.engine_config(params), params.get("quantization"))
 
         self.engine = LLMEngine.start_in_thread(build)  # torch never runs on this (the stub's) thread
         self.max_queue_size = int(params.get("max_queue_size", "256"))
