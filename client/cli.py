@@ -29,6 +29,13 @@ def _add_sampling(p: argparse.ArgumentParser, max_tokens: int | None = None, tem
     g.add_argument("--seed", type=int, help="per-request seed, for reproducible sampling")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop at this text (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="keep going past end-of-sequence")
+    g.add_argument("--logprobs", type=int, metavar="N", help="each token's logprob and its N likeliest alternatives (0-20), on stderr")
+    s = p.add_argument_group("structured output (one at most; the answer is constrained to it)")
+    s.add_argument("--json-schema", metavar="JSON", help="a JSON schema the answer must match")
+    s.add_argument("--json-object", action="store_true", help="any JSON object")
+    s.add_argument("--regex", metavar="REGEX", help="a regular expression the answer must match")
+    s.add_argument("--choice", action="append", metavar="TEXT", help="one of these texts (repeatable)")
+    s.add_argument("--grammar", metavar="LARK", help="a Lark (or GBNF) grammar")
 
 
 def _add_url(p: argparse.ArgumentParser, default: str) -> None:

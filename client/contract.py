@@ -15,7 +15,9 @@ from typing import Any
 from tritonllm.contract import FINAL_RESPONSE
 
 # Sampling keys with vLLM's names, as sent in the `sampling_parameters` JSON input.
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "logprobs")
+# CLI flag -> the key of the models' structured_outputs spec it sets
+STRUCTURED_FLAGS = {"json_schema": "json", "regex": "regex", "choice": "choice", "grammar": "grammar"}
 
 
 def sampling_from_args(args) -> dict[str, Any]:
@@ -23,6 +25,10 @@ def sampling_from_args(args) -> dict[str, Any]:
     values = {key: getattr(args, key, None) for key in SAMPLING_KEYS}
     if not values.get("ignore_eos"):
         values["ignore_eos"] = None  # a flag that is off: do not send it
+    specs = {key: getattr(args, flag) for flag, key in STRUCTURED_FLAGS.items() if getattr(args, flag, None)}
+    if getattr(args, "json_object", False):
+        specs["json_object"] = True
+    values["structured_outputs"] = specs or None
     return {key: value for key, value in values.items() if value not in (None, [])}
 
 
@@ -110,6 +116,7 @@ class Chunk:
     text: str = ""
     num_tokens: int = 0
     finish_reason: str = ""
+    logprobs: dict | None = None  # the `logprobs` output, when sampling asked for it
 
 
 def first_value(value: Any) -> Any:
@@ -128,6 +135,8 @@ def first_value(value: Any) -> Any:
 def chunk_from_outputs(outputs: dict[str, Any]) -> Chunk:
     """A Chunk from output name -> value (list, array or scalar) of one response."""
     tokens = first_value(outputs.get("num_output_tokens"))
+    logprobs = first_value(outputs.get("logprobs"))
     return Chunk(text=first_value(outputs.get("text_output")) or "",
                  num_tokens=int(tokens) if tokens is not None else 0,
-                 finish_reason=first_value(outputs.get("finish_reason")) or "")
+                 finish_reason=first_value(outputs.get("finish_reason")) or "",
+                 logprobs=json.loads(logprobs) if logprobs else None)

@@ -40,14 +40,19 @@ def run(args) -> int:
             label = f"HTTP {args.http_mode}"
             chunks = session.generate(info, prompt, sampling, args.http_mode)
         timing = Timing()
+        logprobs = []
         with closing(chunks):
             for chunk in chunks:
                 timing.add(chunk)
+                logprobs += (chunk.logprobs or {}).get("tokens", [])
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
         timing.finish()
         sys.stdout.write("\n")
         sys.stdout.flush()
+        for entry in logprobs:
+            alternatives = "  ".join(f"{t['token']!r} {t['logprob']:.3f}" for t in entry["top_logprobs"])
+            print(f"{entry['token']!r} {entry['logprob']:.3f}  | {alternatives}", file=sys.stderr)
         print(f"[{info.name}, {label}] {timing.summary()}", file=sys.stderr)
         return 0
     finally:

@@ -291,6 +291,13 @@ SAMPLING_CASES = (
     ("stop", "empty_string", [""]), ("stop", "number", 5), ("stop_token_ids", "strings", ["a"]),
     ("stop_token_ids", "negative", [-1]), ("ignore_eos", "word", "maybe"), ("repetition_penalty", "zero", 0),
     ("presence_penalty", "past_2", 3), ("frequency_penalty", "word", "x"), ("skip_special_tokens", "number", 2),
+    ("logprobs", "past_20", 21), ("logprobs", "word", "some"), ("prompt_logprobs", "negative", -1),
+    ("structured_outputs", "two_kinds", {"regex": "a+", "choice": ["a"]}),
+    ("structured_outputs", "unknown_kind", {"xml": "<a/>"}), ("structured_outputs", "empty_choice", {"choice": []}),
+    # well-formed, refused when compiled (in the thread that adds the request, never in a step)
+    ("structured_outputs", "bad_regex", {"regex": "[a-"}),
+    ("structured_outputs", "bad_schema_type", {"json": {"type": "objec"}}),
+    ("structured_outputs", "bad_grammar", {"grammar": "start: undefined_rule"}),
 )
 # name -> (inputs, what the error must mention)
 BAD = {

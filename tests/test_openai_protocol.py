@@ -63,9 +63,12 @@ def test_sampling_fields_use_the_models_checks_and_names():
     assert for_choice(values, 0)["seed"] == 7 and for_choice(values, 2)["seed"] == 9
     assert "seed" not in for_choice({"max_tokens": 1}, 3)
     for body, param in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"min_p": 0.1}, "min_p"),
-                        ({"logprobs": 3}, "logprobs"), ({"n": 0}, "n"), ({"best_of": 4}, "best_of"),
+                        ({"logprobs": 21}, "logprobs"), ({"n": 0}, "n"), ({"best_of": 4}, "best_of"),
                         ({"presence_penalty": 3}, "presence_penalty"), ({"min_tokens": 50}, "min_tokens"),
-                        ({"response_format": {"type": "json_object"}}, "response_format")]:
+                        ({"response_format": {"type": "xml"}}, "response_format"),
+                        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+                        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+                        ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex")]:
         with pytest.raises(OpenAIError) as info:
             sampling_parameters(completion(prompt="x", **body), 16)
         assert info.value.status == 400 and info.value.param == param, (body, info.value.message)
@@ -74,11 +77,30 @@ def test_sampling_fields_use_the_models_checks_and_names():
     with pytest.raises(OpenAIError) as info:
         sampling_parameters(chat, 0)
     assert info.value.param == "max_completion_tokens"
-    for extra in ({"logprobs": True}, {"top_logprobs": 2}, {"tools": [{"type": "function"}]}):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    for extra, param in (({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+                         ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools"),
+                         ({"tools": [tool]}, "tool_choice"), ({"tools": [tool], "tool_choice": "auto"}, "tool_choice"),
+                         ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+                         ({"tool_choice": "required"}, "tool_choice")):
         chat = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], **extra}).encode(),
                           ChatCompletionRequest)
-        with pytest.raises(OpenAIError):
+        with pytest.raises(OpenAIError) as info:
             sampling_parameters(chat, 4)
+        assert info.value.status == 400 and info.value.param == param, (extra, info.value.message)
+    # What the front turns into the models' keys: logprobs (and the prompt's under echo), specs, tools.
+    assert sampling_parameters(completion(prompt="x", logprobs=2, echo=True), 4) == {
+        "max_tokens": 4, "logprobs": 2, "prompt_logprobs": 2}
+    chat = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3,
+                                  "response_format": {"type": "json_object"}}).encode(), ChatCompletionRequest)
+    assert sampling_parameters(chat, 4) == {"max_tokens": 4, "logprobs": 3, "structured_outputs": {"json_object": True}}
+    chat = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [tool],
+                                  "tool_choice": {"type": "function", "function": {"name": "f"}}}).encode(),
+                      ChatCompletionRequest)
+    assert sampling_parameters(chat, 4)["structured_outputs"] == {"json": {"type": "object"}}
+    chat = parse_body(json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [tool],
+                                  "tool_choice": "none"}).encode(), ChatCompletionRequest)
+    assert "structured_outputs" not in sampling_parameters(chat, 4)
     # What the clients send and the models can honour passes: logprobs null, n 1, best_of = n, min_p 0.
     sampling_parameters(completion(prompt="x", logprobs=None, n=2, best_of=2, min_p=0, user="u"), 4)
 

@@ -53,6 +53,7 @@ OUTPUTS = (
     Tensor("finish_reason", "TYPE_STRING", (-1,)),
     Tensor("num_input_tokens", "TYPE_UINT32", (-1,)),
     Tensor("num_output_tokens", "TYPE_UINT32", (-1,)),
+    Tensor("logprobs", "TYPE_STRING", (-1,)),  # JSON; only when sampling asks for logprobs (triton/logprobs_output.py)
 )
 OPTIONAL_INPUTS = tuple(t.name for t in INPUTS if t.optional)
 

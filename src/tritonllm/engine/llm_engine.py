@@ -22,10 +22,11 @@ from tritonllm.engine.detokenizer import OutputText
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.kernels.prefill_attention import PREFILL_TILE
-from tritonllm.engine.sampler import Sampler
+from tritonllm.engine.sampler import Sampler, record_prompt_logprobs
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
 from tritonllm.engine.sequence import RequestOutput, Sequence
+from tritonllm.engine.structured_output import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.config.max_num_seqs, self.config.max_model_len, quantization,
                                   self.config.pool_blocks, self.config.block_size, self.config.batch_invariant)
         self.sampler = Sampler(eos_token_ids(model, tokenizer))
+        self.grammars = GrammarCompiler(tokenizer, model.config.vocab_size, self.sampler.eos_token_ids)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.sampler.eos_token_ids)
         self.stats = EngineStats()
         self._ids = itertools.count()
@@ -99,6 +101,10 @@ class LLMEngine:
         self.scheduler.check_fits(seq)
         seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
         seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
+        if params.structured_outputs is not None:  # compiled here, in the caller's thread, never in a step
+            seq.matcher = self.grammars.matcher(params.structured_outputs)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]  # the first prompt token has no context
         self._on_add(seq, prompt)
         with self._wake:
             self._inbox.append(seq)
@@ -203,8 +209,8 @@ class LLMEngine:
 
     def _run(self, chunks) -> list[tuple[RequestOutput, Sequence]]:
         batch = [Chunk(c.seq.block_table, [self.pad_token_id] if c.padding else token_slice(c.seq, c.start, c.num_tokens),
-                       c.start, c.samples, c.seq.num_prompt) for c in chunks]
-        logits = self.runner.forward(batch)
+                       c.start, c.samples, c.seq.num_prompt, wants_prompt_logprobs(c)) for c in chunks]
+        logits = self._sampled_rows(self.runner.forward(batch), batch, chunks)
         self._count_rows(batch, chunks)
         for c in chunks:
             if c.padding:
@@ -222,8 +228,25 @@ class LLMEngine:
         outputs = []
         for seq, token in zip(sampling, self.sampler(logits, sampling)):
             reason = self._append_token(seq, token, now)
-            outputs.append(self._finish(seq, reason) if reason else (self._output(seq), seq))
+            if reason == "error":
+                outputs.append(self._finish(seq, reason, f"the grammar refused token {token}: {seq.matcher.get_error()}"))
+            else:
+                outputs.append(self._finish(seq, reason) if reason else (self._output(seq), seq))
         return outputs
+
+    def _sampled_rows(self, logits, batch: list[Chunk], chunks):
+        """The logits rows to sample from; every row of a prompt-logprobs chunk is recorded first."""
+        if not any(b.all_logits for b in batch):
+            return logits
+        rows, row = [], 0
+        for b, c in zip(batch, chunks):
+            n = len(b.token_ids) if b.all_logits else int(b.wants_logits)
+            if b.all_logits:
+                record_prompt_logprobs(c.seq, c.start, logits[row:row + n])
+            if b.wants_logits:
+                rows.append(row + n - 1)
+            row += n
+        return logits[rows]
 
     def _count_rows(self, batch: list[Chunk], chunks) -> None:
         stats = self.stats
@@ -238,6 +261,8 @@ class LLMEngine:
         seq.token_times.append(now)
         if seq.first_token_time is None:
             seq.first_token_time = now
+        if seq.matcher is not None and not seq.matcher.consume_token(token):
+            return "error"
         return self._finish_reason(seq, token)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -247,6 +272,8 @@ class LLMEngine:
         if may_stop and (token in p.stop_token_ids or (not p.ignore_eos and token in self.sampler.eos_token_ids)):
             return "stop"
         if seq.detokenizer.add(token, check_stop=may_stop):
+            return "stop"
+        if seq.matcher is not None and seq.matcher.is_stopped():  # the grammar is complete
             return "stop"
         if len(seq.output_ids) >= p.max_tokens:
             return "length"
@@ -260,6 +287,10 @@ class LLMEngine:
     def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
         new_ids = seq.output_ids[seq.sent_tokens:]
         new_times = seq.token_times[seq.sent_tokens:]
+        new_logprobs = seq.logprobs[seq.sent_tokens:] if seq.params.logprobs is not None else None
+        prompt_logprobs = None
+        if seq.params.prompt_logprobs is not None and not seq.prompt_logprobs_sent:
+            prompt_logprobs, seq.prompt_logprobs_sent = seq.prompt_logprobs, True
         seq.sent_tokens = len(seq.output_ids)
         return RequestOutput(
             request_id=seq.request_id,
@@ -273,6 +304,8 @@ class LLMEngine:
             first_token_time=seq.first_token_time,
             token_times=new_times,
             error=error,
+            logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     # ---- running ----
@@ -360,6 +393,13 @@ def kv_pool_in_blocks(config: SchedulerConfig, model) -> SchedulerConfig:
     return replace(config, num_kv_blocks=max(1, int(config.kv_cache_memory_gb * 2**30) // per_block))
 
 
+def wants_prompt_logprobs(c) -> bool:
+    """Whether a scheduled chunk computes prompt positions whose next token's logprob is not yet recorded."""
+    seq = c.seq
+    return (not c.padding and seq.params.prompt_logprobs is not None
+            and c.start < len(seq.prompt_logprobs) <= c.start + c.num_tokens and len(seq.prompt_logprobs) < seq.num_prompt)
+
+
 def token_slice(seq: Sequence, start: int, n: int) -> list[int]:
     """Tokens [start, start + n) of a sequence without building prompt + output."""
     if start >= seq.num_prompt:
@@ -382,6 +422,8 @@ def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
         first_token_time=last.first_token_time,
         token_times=[t for o in outputs for t in o.token_times],
         error=last.error,
+        logprobs=None if last.logprobs is None else [e for o in outputs for e in o.logprobs or []],
+        prompt_logprobs=next((o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None), None),
     )
 
 

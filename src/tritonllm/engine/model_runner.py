@@ -52,6 +52,7 @@ class Chunk:
     start: int  # position of token_ids[0] in the sequence
     wants_logits: bool
     prompt_end: int | None = None  # the sequence's prompt length (None: the chunk is all prompt)
+    all_logits: bool = False  # logits of every row, not only the last (prompt logprobs)
 
     def paths(self, offset: int) -> tuple[tuple[int, int] | None, list[int]]:
         """(first row, rows) of the chunk's prefill-path rows, or None, and the packed indices of its
@@ -65,6 +66,13 @@ class Chunk:
         if prompt_rows < 2:
             return None, list(range(offset, offset + n))
         return (offset, prompt_rows), list(range(offset + prompt_rows, offset + n))
+
+
+def logit_rows(chunk: Chunk, end: int) -> range:
+    """The rows of a chunk ending at row `end` whose logits the step returns."""
+    if chunk.all_logits:
+        return range(end + 1 - len(chunk.token_ids), end + 1)
+    return range(end, end + 1) if chunk.wants_logits else range(0)
 
 
 def check_supported(config) -> None:
@@ -180,7 +188,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """Run the chunks; return float32 logits (rows wanting logits, vocab) in chunk order."""
+        """Run the chunks; return float32 logits in chunk order: every row of an `all_logits` chunk,
+        the last row of any other chunk that wants logits."""
         layout = self.layout(chunks)
         ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
         # How the matmuls cut the rows (linear.py): for batch invariance, or all in one call.
@@ -195,7 +204,7 @@ class ModelRunner:
             hidden, h = ops.add_norm(hidden, linear(ops.attention(qkv, layer_idx), w.o, w.o_bias, calls), w.post_norm)
             delta = linear(ops.act_mul(linear(h, w.gate_up, calls=calls)), w.down, calls=calls)
         hidden = hidden + delta
-        last = [end for end, c in zip(layout.ends, chunks) if c.wants_logits]
+        last = [row for end, c in zip(layout.ends, chunks) for row in logit_rows(c, end)]
         if not last:
             return torch.empty(0, self.config.vocab_size)
         picked = self.norm(hidden[torch.tensor(last, device=self.device)])

@@ -2,13 +2,20 @@
 
 Greedy rows take one batched argmax. Sampled rows draw from their own `torch.Generator`, so a
 request with a seed gives the same text whatever else shares the batch.
+
+Per row, in this order: penalties; log probabilities, when asked (from these logits: after the
+penalties, before the min_tokens ban, the grammar's mask and temperature, so with no penalties they
+are the model's own, as vLLM's default `raw_logprobs`); the grammar's mask (structured_output.py);
+the min_tokens ban, unless it would leave the grammar nothing; temperature, top-k, top-p. Every step
+of it touches its own row only: a row's token does not depend on its neighbours' constraints.
 """
 
 from __future__ import annotations
 
 import torch
 
-from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.sequence import Sequence, TokenLogprobs
+from tritonllm.engine.structured_output import allowed_tokens
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
@@ -44,15 +51,24 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One new token id per row of `logits` (float32, rows, vocab)."""
+        """One new token id per row of `logits` (float32, rows, vocab). A row whose request asked for
+        logprobs gets them appended to its sequence's `logprobs`."""
+        log_probs = {}
         for row, seq in enumerate(seqs):
             p = seq.params
             if p.needs_penalties:
                 apply_penalties(logits[row], seq)
+            if p.logprobs is not None:
+                log_probs[row] = torch.log_softmax(logits[row], -1)
+            if seq.matcher is not None:
+                logits[row].masked_fill_(~allowed_tokens(seq.matcher, logits.shape[-1]), float("-inf"))
             if len(seq.output_ids) < p.min_tokens:
                 banned = list((set() if p.ignore_eos else self.eos_token_ids) | set(p.stop_token_ids))
                 if banned:
+                    kept = logits[row, banned].clone()
                     logits[row, banned] = float("-inf")
+                    if seq.matcher is not None and bool(torch.isneginf(logits[row]).all()):
+                        logits[row, banned] = kept  # the grammar allows nothing else: it wins
         tokens = logits.argmax(-1).tolist()
         for row, seq in enumerate(seqs):
             p = seq.params
@@ -61,6 +77,8 @@ class Sampler:
             row_logits = filter_top_k_top_p(logits[row] / p.temperature, p.top_k, p.top_p)
             probs = row_logits.softmax(-1)
             tokens[row] = int(torch.multinomial(probs, 1, generator=seq.generator).item())
+        for row, row_log_probs in log_probs.items():
+            seqs[row].logprobs.append(token_logprobs(row_log_probs, tokens[row], seqs[row].params.logprobs))
         return tokens
 
     @staticmethod
@@ -71,3 +89,19 @@ class Sampler:
         else:
             generator.manual_seed(seed)
         return generator
+
+
+def token_logprobs(log_probs: torch.Tensor, token: int, top: int) -> TokenLogprobs:
+    """The token's entry from its position's log probabilities (vocab,), with the `top` best."""
+    best = torch.topk(log_probs, top) if top else None
+    return TokenLogprobs(token, float(log_probs[token]),
+                         list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else [])
+
+
+def record_prompt_logprobs(seq: Sequence, start: int, logits) -> None:
+    """Each row's logits (positions start, start + 1, ...) give the next prompt token's logprob."""
+    for j in range(logits.shape[0]):
+        target = start + j + 1
+        if target == len(seq.prompt_logprobs) and target < seq.num_prompt:
+            log_probs = torch.log_softmax(logits[j], -1)
+            seq.prompt_logprobs.append(token_logprobs(log_probs, seq.prompt_ids[target], seq.params.prompt_logprobs))

@@ -12,7 +12,10 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tritonllm.engine.structured_output import parse_spec
 from tritonllm.errors import RequestError, parse_bool
+
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows
 
 
 @dataclass
@@ -30,8 +33,17 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
+    logprobs: int | None = None  # each generated token's logprob and its N most likely alternatives
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    structured_outputs: Any = None  # a spec (structured_output.py), kept parsed: (kind, text)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.structured_outputs, tuple):
+            self.structured_outputs = parse_spec(self.structured_outputs)
+        for key in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, key)
+            if value is not None:
+                _check(0 <= value <= MAX_LOGPROBS, key, value, f"must be in [0, {MAX_LOGPROBS}]")
         _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
         _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
         _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "must be <= max_tokens")
@@ -176,4 +188,7 @@ _COERCE = {
     "presence_penalty": _to_float,
     "frequency_penalty": _to_float,
     "skip_special_tokens": _to_bool,
+    "logprobs": _to_int,
+    "prompt_logprobs": _to_int,
+    "structured_outputs": lambda key, value: parse_spec(value),
 }

@@ -161,7 +161,9 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int) -> ScheduledChunk | None:
         """Give the sequence its blocks and its first chunk, or None if it must wait."""
-        cached = self.blocks.cached_prefix(seq.prompt_ids)
+        # Prompt logprobs need every prompt position's logits: such a prompt is computed, not taken from the cache.
+        needs_logits = seq.params.prompt_logprobs is not None and len(seq.prompt_logprobs) < seq.num_prompt
+        cached = [] if needs_logits else self.blocks.cached_prefix(seq.prompt_ids)
         holds = seq.max_total_tokens if self.config.batch_policy == "request" else seq.num_tokens
         if not self.blocks.can_allocate(holds, cached):
             return None

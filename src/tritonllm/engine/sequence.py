@@ -17,6 +17,15 @@ class Status(enum.Enum):
 
 
 @dataclass
+class TokenLogprobs:
+    """A token's log probability and the most likely tokens at its position (id, logprob), best first."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class RequestOutput:
     """What a request gets after a step: only what is new since the last output."""
 
@@ -31,6 +40,8 @@ class RequestOutput:
     first_token_time: float | None
     token_times: list[float]  # times of the new tokens
     error: str | None = None
+    logprobs: list[TokenLogprobs] | None = None  # of the new tokens, when the request asked
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # every prompt token's (the first None), once
 
 
 @dataclass(eq=False)  # compared by identity
@@ -55,6 +66,10 @@ class Sequence:
     detokenizer: object | None = None
     generator: object | None = None
     sent_tokens: int = 0  # output tokens already reported
+    matcher: object | None = None  # the grammar's state, for a constrained request (structured_output.py)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # of output_ids, when asked
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # of prompt_ids, when asked
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_prompt(self) -> int:

@@ -33,6 +33,7 @@ from tritonllm.openai.prompts import PromptTokenizer, message_text, tokenizer_sp
 from tritonllm.openai.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                                        TokenizeRequest, parse_body, unknown_fields)
 from tritonllm.openai.sampling import for_choice, max_tokens_of, sampling_parameters
+from tritonllm.openai.structured import tool_mode
 from tritonllm.openai.upstream import ServedModel, Triton, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -138,8 +139,9 @@ class Front:
         tokenizer = await self.tokenizer()
         max_tokens = max_tokens_of(req)
         if chat:
+            template_kwargs = {**({"tools": req.tools} if req.tools else {}), **(req.chat_template_kwargs or {})}
             prompt = tokenizer.chat_prompt(req.messages, req.add_generation_prompt, req.continue_final_message,
-                                           req.chat_template_kwargs)
+                                           template_kwargs)
             if max_tokens is None:  # vLLM's default: whatever room the context leaves
                 room = (model.max_model_len or 2048) - len(tokenizer.encode(prompt))
                 if room < 1:
@@ -155,7 +157,8 @@ class Front:
             if max_tokens is None:
                 max_tokens = COMPLETIONS_MAX_TOKENS
         values = sampling_parameters(req, max_tokens)
-        return [Choice(index=i * req.n + j, prompt=text, sampling=for_choice(values, j), echo=echo)
+        tools = tool_mode(req) if chat else None
+        return [Choice(index=i * req.n + j, prompt=text, sampling=for_choice(values, j), echo=echo, tool_mode=tools)
                 for i, (text, echo) in enumerate(prompts) for j in range(req.n)]
 
     async def generate(self, request: Request, chat: bool) -> Response:
@@ -218,7 +221,7 @@ class Front:
                     choice, piece = item
                     so_far = usage(generation.choices, req.n) if writer.continuous_usage else None
                     chunk = writer.piece(choice, piece.text, choice.finish_reason if piece.final else None, so_far,
-                                         piece.num_output_tokens)
+                                         piece.num_output_tokens, piece.logprobs)
                     if chunk is not None:
                         yield chunk
                     item = await _first(pieces)

@@ -67,7 +67,7 @@ def unknown_model(name: str, served: list[str]) -> OpenAIError:
 _UNAVAILABLE_MARKS = ("queue is full", "shutting down", "exceeds maximum queue size", "maximum queue size",
                       "not healthy", "is not ready", "unavailable")
 _CLIENT_MARKS = ("sampling parameter", "exceeds max_model_len", "the prompt is empty", "input '", "cannot stream",
-                 "not valid utf-8", "must be")
+                 "not valid utf-8", "must be", "structured_outputs")
 _GRPC_STATUS = {
     "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "RESOURCE_EXHAUSTED": 503,
     "DEADLINE_EXCEEDED": 504, "CANCELLED": 499, "INTERNAL": 500, "UNKNOWN": 500, "UNIMPLEMENTED": 400,

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tritonllm.openai.structured import ToolMode
 from tritonllm.openai.upstream import Piece, ServedModel, Triton
 
 _DONE = object()
@@ -28,14 +29,26 @@ class Choice:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_mode: ToolMode | None = None  # the answer is read as tool calls (structured.py)
+    logprobs: list[dict] = field(default_factory=list)  # the models' entries, when asked
+    prompt_logprobs: list[dict] = field(default_factory=list)
 
     def add(self, piece: Piece) -> None:
         self.text.append(piece.text)
         self.completion_tokens += piece.num_output_tokens
         if piece.num_input_tokens is not None:
             self.prompt_tokens = piece.num_input_tokens
+        if piece.logprobs:
+            self.logprobs += piece.logprobs.get("tokens", [])
+            self.prompt_logprobs += piece.logprobs.get("prompt", [])
         if piece.final:
             self.finish_reason = finish_reason(piece.finish_reason)
+            if self.finish_reason == "stop" and self.tool_mode is not None and self.tool_mode.named is None:
+                self.finish_reason = "tool_calls"  # OpenAI's reason when the model had to call tools
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return "logprobs" in self.sampling
 
 
 def finish_reason(reason: str | None) -> str:

@@ -3,8 +3,8 @@
 Every field the issue's clients send is typed here; a field not named is kept (`extra="allow"`),
 ignored and logged once per route (`unknown_fields`), never refused: `vllm bench serve`, aiperf
 and guidellm each add fields of their own. A field of the wrong type is a 400 naming it.
-Fields that ask for what the models cannot give (log probabilities, tools, a JSON schema, min_p)
-are refused in `sampling.py` with the reason.
+Fields that ask for what the models cannot give (min_p, logit_bias, best_of > n, suffix,
+tool_choice "auto") are refused in `sampling.py` and `structured.py` with the reason.
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ class SamplingFields(Lenient):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+    # vLLM's constrained decoding (openai/structured.py), and its older names
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields):

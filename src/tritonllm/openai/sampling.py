@@ -14,6 +14,7 @@ from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.errors import RequestError
 from tritonllm.openai.errors import bad_request, from_request_error
 from tritonllm.openai.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from tritonllm.openai.structured import structured_outputs_of
 
 # OpenAI / vLLM field -> the models' sampling key (the same name, except where noted).
 PASSED = ("temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
@@ -28,24 +29,25 @@ def refuse_unsupported(req: SamplingFields) -> None:
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be between 1 and {MAX_N}, got {req.n}", "n")
     if req.best_of not in (None, req.n):
-        raise bad_request("best_of is not supported (it needs log probabilities); leave it out or equal to n",
-                          "best_of")
+        raise bad_request("best_of is not supported; leave it out or equal to n", "best_of")
     if req.logit_bias:
         raise bad_request("logit_bias is not supported by these models' sampler", "logit_bias")
-    kind = (req.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise bad_request(f"response_format {kind!r} is not supported; only 'text'", "response_format")
+    if isinstance(req, CompletionRequest) and req.suffix:
+        raise bad_request("suffix (insertion) is not supported", "suffix")
+    if isinstance(req, ChatCompletionRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+
+
+def logprob_values(req: SamplingFields) -> dict[str, Any]:
+    """The models' logprob keys for a request: completions' `logprobs: N` (and the prompt's under
+    `echo`), chat's `logprobs: true` with `top_logprobs: N`."""
     if isinstance(req, CompletionRequest):
-        if req.logprobs not in (None, 0):
-            raise bad_request("logprobs are not returned by these models; send logprobs: null", "logprobs")
-        if req.suffix:
-            raise bad_request("suffix (insertion) is not supported", "suffix")
-    if isinstance(req, ChatCompletionRequest):
-        if req.logprobs or req.top_logprobs:
-            raise bad_request("logprobs are not returned by these models; send logprobs: false",
-                              "top_logprobs" if req.top_logprobs and not req.logprobs else "logprobs")
-        if req.tools or req.functions:
-            raise bad_request("tools and function calling are not supported by this server", "tools")
+        if req.logprobs is None:
+            return {}
+        return {"logprobs": req.logprobs, **({"prompt_logprobs": req.logprobs} if req.echo else {})}
+    if isinstance(req, ChatCompletionRequest) and req.logprobs:
+        return {"logprobs": req.top_logprobs or 0}
+    return {}
 
 
 def max_tokens_of(req: SamplingFields) -> int | None:
@@ -63,11 +65,15 @@ def sampling_parameters(req: SamplingFields, max_tokens: int) -> dict[str, Any]:
             values[key] = value
     if values.get("stop") == []:
         del values["stop"]
+    values.update(logprob_values(req))
+    spec = structured_outputs_of(req)
+    if spec is not None:
+        values["structured_outputs"] = spec
     try:
         SamplingParams.from_dict(values)
     except RequestError as exc:
         param = "max_completion_tokens" if exc.field == "max_tokens" and req.max_completion_tokens is not None \
-            else exc.field
+            else "top_logprobs" if exc.field == "logprobs" and isinstance(req, ChatCompletionRequest) else exc.field
         raise from_request_error(exc, str(exc).replace("sampling parameter", "field", 1), param) from None
     return values
 

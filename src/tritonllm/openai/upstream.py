@@ -16,6 +16,7 @@ model, and the engine frees the slot within a step.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class Piece:
     num_input_tokens: int | None
     finish_reason: str | None  # set on the last piece only
     final: bool
+    logprobs: dict | None = None  # the `logprobs` output (triton/logprobs_output.py), when asked
 
 
 class UpstreamError(Exception):
@@ -190,7 +192,9 @@ def _piece(result, final: bool) -> Piece:
         return first_value(result.as_numpy(name))
 
     inputs = value("num_input_tokens")
+    logprobs = value("logprobs")
     return Piece(text=value("text_output") or "", num_output_tokens=int(value("num_output_tokens") or 0),
                  num_input_tokens=int(inputs) if inputs is not None else None,
-                 finish_reason=(value("finish_reason") or None) if final else None, final=final)
+                 finish_reason=(value("finish_reason") or None) if final else None, final=final,
+                 logprobs=json.loads(logprobs) if logprobs else None)
 

@@ -13,10 +13,10 @@ import json
 from dataclasses import replace
 
 from tritonllm.engine.faults import engine_class
-from tritonllm.engine.llm_engine import merge_outputs
 from tritonllm.engine.model_loader import load_model
 from tritonllm.errors import Fault, RequestError
 from tritonllm.triton import pb
+from tritonllm.triton.logprobs_output import TokenTexts
 from tritonllm.triton.metrics import EngineCounters
 
 
@@ -29,6 +29,7 @@ class BatchedModel:
         model, tokenizer = load_model(params.get("model"), params.get("device"), params.get("dtype"))
         config = replace(pb.engine_config(params, max_num_seqs=max_batch_size), batch_policy="request")
         self.engine = engine_class()(model, tokenizer, config, params.get("quantization"))
+        self.token_texts = TokenTexts(self.engine.tokenizer)  # for the logprobs output
         self.counters = EngineCounters(self.model_name, self.engine)  # the same counters as llm_inflight
 
     def execute(self, requests):
@@ -54,12 +55,7 @@ class BatchedModel:
         for out in self._run_batch():
             outputs.setdefault(out.request_id, []).append(out)
         for i, req, request_id in batch:
-            out = merge_outputs(outputs[request_id])
-            if out.error:
-                responses[i] = pb.internal_error_response(out.error)
-                continue
-            text = req.prompt + out.text if req.echo_prompt else out.text
-            responses[i] = pb.output_response(req, text, out, out.num_output_tokens, batched=True)
+            responses[i] = pb.whole_response(req, outputs[request_id], self.token_texts, batched=True)
         self.counters.update()
         return responses
 

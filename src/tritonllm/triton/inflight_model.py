@@ -22,6 +22,7 @@ from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.model_loader import load_model
 from tritonllm.engine.sequence import RequestOutput
 from tritonllm.triton import pb
+from tritonllm.triton.logprobs_output import TokenTexts
 from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest
 from tritonllm.triton.termination import on_termination
@@ -37,7 +38,7 @@ class OpenRequest:
     req: GenerateRequest
     sender: object
     request: object  # kept so that cancellation can be polled
-    text: list[str] = field(default_factory=list)  # accumulated when not streaming
+    outputs: list[RequestOutput] = field(default_factory=list)  # accumulated when not streaming
     closed: bool = False
 
 
@@ -51,6 +52,7 @@ class InflightModel:
             return engine_class()(model, tokenizer, pb.engine_config(params), params.get("quantization"))
 
         self.engine = LLMEngine.start_in_thread(build)  # torch never runs on this (the stub's) thread
+        self.token_texts = TokenTexts(self.engine.tokenizer)  # for the logprobs output
         self.max_queue_size = int(params.get("max_queue_size", "256"))
         self.shutdown_grace_s = float(params.get("shutdown_grace_seconds", "10"))
         self.shutting_down = False
@@ -137,18 +139,15 @@ class InflightModel:
             return
         if state.req.stream:
             if out.text or out.token_ids or out.finished:
-                response = pb.output_response(state.req, out.text, out, len(out.token_ids))
+                response = pb.output_response(state.req, out.text, out, len(out.token_ids), self.token_texts)
                 if out.finished:
                     self._close(state, response)
                 else:
                     state.sender.send(response)
             return
-        state.text.append(out.text)
+        state.outputs.append(out)
         if out.finished:
-            text = "".join(state.text)
-            if state.req.echo_prompt:
-                text = state.req.prompt + text
-            self._close(state, pb.output_response(state.req, text, out, out.num_output_tokens))
+            self._close(state, pb.whole_response(state.req, state.outputs, self.token_texts))
 
     def _close(self, state: OpenRequest, response) -> None:
         """Send the one FINAL flag of a request (with a last response, or without)."""

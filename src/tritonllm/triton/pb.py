@@ -12,8 +12,10 @@ import triton_python_backend_utils as pb_utils
 
 from tritonllm.contract import OPTIONAL_INPUTS, config_problems
 from tritonllm.engine.scheduler import SchedulerConfig
+from tritonllm.engine.llm_engine import merge_outputs
 from tritonllm.engine.sequence import RequestOutput
 from tritonllm.errors import RequestError
+from tritonllm.triton.logprobs_output import TokenTexts, logprobs_text
 from tritonllm.triton.request import GenerateRequest, parse_request
 
 
@@ -57,9 +59,11 @@ def _count(value: int, batched: bool) -> np.ndarray:
 
 
 def output_response(req: GenerateRequest, text: str, out: RequestOutput, num_new_tokens: int,
-                    batched: bool = False):
+                    texts: TokenTexts, batched: bool = False):
     """An InferenceResponse with `text_output` and the outputs the request asked for."""
     tensors = [pb_utils.Tensor("text_output", _string(text, batched))]
+    if (logprobs := logprobs_text(out, texts)) is not None:
+        tensors.append(pb_utils.Tensor("logprobs", _string(logprobs, batched)))
     if req.return_finish_reason:
         tensors.append(pb_utils.Tensor("finish_reason", _string(out.finish_reason or "", batched)))
     if req.return_num_input_tokens:
@@ -67,6 +71,15 @@ def output_response(req: GenerateRequest, text: str, out: RequestOutput, num_new
     if req.return_num_output_tokens:
         tensors.append(pb_utils.Tensor("num_output_tokens", _count(num_new_tokens, batched)))
     return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def whole_response(req: GenerateRequest, outputs: list[RequestOutput], texts: TokenTexts, batched: bool = False):
+    """The one response of a request answered whole: its outputs merged, the prompt echoed if asked."""
+    out = merge_outputs(outputs)
+    if out.error:
+        return internal_error_response(out.error)
+    text = req.prompt + out.text if req.echo_prompt else out.text
+    return output_response(req, text, out, out.num_output_tokens, texts, batched)
 
 
 def final_flag() -> int:
@@ -96,4 +109,4 @@ def internal_error_response(message: str):
 
 
 __all__ = ["RequestError", "check_config", "engine_config", "error_response", "internal_error_response", "model_parameters",
-           "output_response", "read_request", "refusal_response", "unavailable_response", "pb_utils"]
+           "output_response", "read_request", "whole_response", "refusal_response", "unavailable_response", "pb_utils"]

@@ -1,0 +1,154 @@
+"""Constrained decoding: a request's `structured_outputs` (vLLM's name and keys) becomes a grammar,
+and the grammar a mask over the vocabulary before every token is sampled.
+
+Specs, exactly one key: `json` (a JSON schema, as an object or its text), `json_object` (true: any
+JSON object), `regex`, `choice` (a list of strings), `grammar` (Lark, or GBNF as llama.cpp writes it).
+llguidance compiles and runs them: a 3 MB wheel with no Python dependencies (xgrammar imports torch
+and transformers and pulls the 286 MB `triton` wheel; outlines-core does no Lark).
+
+Rules:
+- JSON is compiled with fixed separators and no free whitespace: a small model given the freedom to
+  add whitespace loops on it until max_tokens cuts the object off (seen with vLLM's defaults). A
+  schema may still set its own in `x-guidance`.
+- A spec is compiled and checked once (`GrammarCompiler`, cached by its text), in the thread that
+  adds the request, never in the engine's step; a bad spec is refused there with a RequestError
+  naming what is wrong. Each request gets its own copy of the compiled matcher (cheap).
+- When the grammar is complete it allows only EOS, so the request ends with "stop"; max_tokens
+  still ends it with "length".
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from tritonllm.errors import RequestError
+
+FIELD = "structured_outputs"
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+CACHE_SIZE = 256  # compiled specs kept
+
+
+def parse_spec(value: Any) -> tuple[str, str] | None:
+    """(kind, canonical text) of a structured_outputs value, or None when it asks for nothing;
+    RequestError when it is malformed. The text is the cache key."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise RequestError(f"{FIELD} is not valid JSON: {exc}", FIELD) from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(f"{FIELD} must be an object with one of the keys {', '.join(KINDS)}", FIELD)
+    given = {k: v for k, v in value.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(KINDS))
+    if unknown:
+        raise RequestError(f"{FIELD} has unknown keys {unknown}; known: {', '.join(KINDS)}", FIELD)
+    if not given:
+        return None
+    if len(given) > 1:
+        raise RequestError(f"{FIELD} must set exactly one of {', '.join(KINDS)}, got {sorted(given)}", FIELD)
+    kind, spec = next(iter(given.items()))
+    if kind == "json":
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except ValueError as exc:
+                raise RequestError(f"{FIELD}.json is not valid JSON: {exc}", FIELD) from None
+        if not isinstance(spec, (dict, bool)):
+            raise RequestError(f"{FIELD}.json must be a JSON schema (an object)", FIELD)
+        return kind, json.dumps(spec)  # property order kept: the grammar follows it
+    if kind == "json_object":
+        if spec is not True:
+            raise RequestError(f"{FIELD}.json_object must be true", FIELD)
+        return kind, "true"
+    if kind == "choice":
+        if not isinstance(spec, list) or not spec or not all(isinstance(c, str) and c for c in spec):
+            raise RequestError(f"{FIELD}.choice must be a non-empty list of non-empty strings", FIELD)
+        return kind, json.dumps(spec)
+    if not isinstance(spec, str) or not spec:
+        raise RequestError(f"{FIELD}.{kind} must be a non-empty string", FIELD)
+    return kind, spec
+
+
+def grammar_of(kind: str, text: str) -> str:
+    """The llguidance grammar of a parsed spec (not yet checked)."""
+    from llguidance import LLMatcher, grammar_from
+
+    if kind == "json":
+        return LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+    if kind == "json_object":
+        return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
+    if kind == "choice":
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text)))
+    if kind == "regex":
+        return LLMatcher.grammar_from_regex(text)
+    try:
+        return grammar_from("grammar", text)  # Lark as it is; GBNF converted to Lark
+    except ValueError as exc:
+        raise RequestError(f"{FIELD}.grammar is not a valid grammar: {exc}", FIELD) from None
+
+
+class GrammarCompiler:
+    """Compiles specs for one tokenizer, each distinct spec once; safe from any thread."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
+        self._hf_tokenizer, self.vocab_size, self._eos = tokenizer, vocab_size, sorted(eos_token_ids)
+        self._tokenizer = None  # llguidance's view of the vocabulary, made at the first spec (~0.5 s)
+        self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def matcher(self, spec: tuple[str, str]):
+        """A fresh matcher for the spec, at its start; RequestError if the spec does not compile."""
+        with self._lock:
+            template = self._compiled.get(spec)
+            if template is not None:
+                self._compiled.move_to_end(spec)
+                return template.deep_copy()
+        template = self._compile(*spec)
+        with self._lock:
+            self._compiled[spec] = template
+            while len(self._compiled) > CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return template.deep_copy()
+
+    def _compile(self, kind: str, text: str):
+        from llguidance import LLMatcher
+
+        try:
+            grammar = grammar_of(kind, text)
+        except RequestError:
+            raise
+        except ValueError as exc:  # not JSON where JSON was needed
+            raise RequestError(f"{FIELD}.{kind} could not be compiled: {exc}", FIELD) from None
+        tokenizer = self.llg_tokenizer()
+        failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if failed:
+            raise RequestError(f"{FIELD}.{kind} is not valid: {messages[0].strip()}", FIELD)
+        matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"{FIELD}.{kind} is not valid: {matcher.get_error()}", FIELD)
+        return matcher
+
+    def llg_tokenizer(self):
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance.hf
+
+                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
+                                                              eos_token=self._eos)
+            return self._tokenizer
+
+
+def allowed_tokens(matcher, vocab_size: int):
+    """(vocab,) bool tensor: the tokens the matcher allows next."""
+    import torch  # here: the front parses specs without torch
+
+    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return torch.from_numpy(np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool))
