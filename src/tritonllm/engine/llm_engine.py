@@ -25,7 +25,7 @@ from tritonllm.kernels.prefill_attention import PREFILL_TILE
 from tritonllm.engine.sampler import Sampler, record_prompt_logprobs
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import Scheduler, SchedulerConfig
-from tritonllm.engine.sequence import RequestOutput, Sequence
+from tritonllm.engine.sequence import RequestOutput, Sequence, TokenLogprobs
 from tritonllm.engine.structured_output import GrammarCompiler
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class LLMEngine:
         if params.structured_outputs is not None:  # compiled here, in the caller's thread, never in a step
             seq.matcher = self.grammars.matcher(params.structured_outputs)
         if params.prompt_logprobs is not None:
-            seq.prompt_logprobs = [None]  # the first prompt token has no context
+            seq.prompt_logprobs = [TokenLogprobs(prompt_ids[0], None)]  # the first prompt token has no context
         self._on_add(seq, prompt)
         with self._wake:
             self._inbox.append(seq)

@@ -18,10 +18,11 @@ class Status(enum.Enum):
 
 @dataclass
 class TokenLogprobs:
-    """A token's log probability and the most likely tokens at its position (id, logprob), best first."""
+    """A token's log probability and the most likely tokens at its position (id, logprob), best first;
+    logprob None for a prompt's first token (nothing before it)."""
 
     token: int
-    logprob: float
+    logprob: float | None
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
@@ -41,7 +42,7 @@ class RequestOutput:
     token_times: list[float]  # times of the new tokens
     error: str | None = None
     logprobs: list[TokenLogprobs] | None = None  # of the new tokens, when the request asked
-    prompt_logprobs: list[TokenLogprobs | None] | None = None  # every prompt token's (the first None), once
+    prompt_logprobs: list[TokenLogprobs] | None = None  # every prompt token's, in the first output
 
 
 @dataclass(eq=False)  # compared by identity
@@ -68,7 +69,7 @@ class Sequence:
     sent_tokens: int = 0  # output tokens already reported
     matcher: object | None = None  # the grammar's state, for a constrained request (structured_output.py)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of output_ids, when asked
-    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # of prompt_ids, when asked
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of prompt_ids, when asked
     prompt_logprobs_sent: bool = False
 
     @property

@@ -7,9 +7,13 @@ llguidance compiles and runs them: a 3 MB wheel with no Python dependencies (xgr
 and transformers and pulls the 286 MB `triton` wheel; outlines-core does no Lark).
 
 Rules:
-- JSON is compiled with fixed separators and no free whitespace: a small model given the freedom to
-  add whitespace loops on it until max_tokens cuts the object off (seen with vLLM's defaults). A
-  schema may still set its own in `x-guidance`.
+- JSON leaves a small model no room to loop (`strict_schema`): fixed separators and no free
+  whitespace (given the freedom, it adds whitespace until max_tokens cuts the object off, seen with
+  vLLM's defaults); an object's properties are the ones it lists unless it says otherwise
+  (`additionalProperties` false, as xgrammar's strict mode, vLLM's default, reads a schema: with
+  extra keys allowed the bundled model added key after key); an integer without bounds is a safe
+  integer, |n| < 2**53 (unbounded, it wrote digits until cut off). A schema may still set its own
+  whitespace in `x-guidance`.
 - A spec is compiled and checked once (`GrammarCompiler`, cached by its text), in the thread that
   adds the request, never in the engine's step; a bad spec is refused there with a RequestError
   naming what is wrong. Each request gets its own copy of the compiled matcher (cheap).
@@ -82,7 +86,7 @@ def grammar_of(kind: str, text: str) -> str:
     from llguidance import LLMatcher, grammar_from
 
     if kind == "json":
-        return LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(strict_schema(json.loads(text)), defaults=JSON_OPTIONS)
     if kind == "json_object":
         return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_OPTIONS)
     if kind == "choice":
@@ -93,6 +97,36 @@ def grammar_of(kind: str, text: str) -> str:
         return grammar_from("grammar", text)  # Lark as it is; GBNF converted to Lark
     except ValueError as exc:
         raise RequestError(f"{FIELD}.grammar is not a valid grammar: {exc}", FIELD) from None
+
+
+SAFE_INTEGER = 2**53 - 1
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def strict_schema(schema):
+    """A copy of the schema with what it leaves unsaid closed (see the module's rules)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: strict_schema(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [strict_schema(sub) for sub in out[key]]
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = strict_schema(out[key])
+    kinds = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    if "integer" in kinds:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -SAFE_INTEGER
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = SAFE_INTEGER
+    return out
 
 
 class GrammarCompiler:

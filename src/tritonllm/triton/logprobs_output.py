@@ -2,9 +2,10 @@
 
 Set on every response of a request whose sampling parameters ask for `logprobs` or
 `prompt_logprobs` (vLLM's keys), for the tokens that response carries:
-`{"tokens": [entry, ...], "prompt": [null, entry, ...]}`, an entry being
+`{"tokens": [entry, ...], "prompt": [entry, ...]}`, an entry being
 `{"id", "token", "logprob", "top_logprobs": [{"id", "token", "logprob"}, ...]}` and "prompt" only
-in the first response of a request that asked for it. Logprobs are the model's, after penalties and
+in the first response of a request that asked for it (its first entry's logprob null: nothing
+comes before the prompt's first token). Logprobs are the model's, after penalties and
 before temperature, the grammar's mask and top-k/top-p (engine/sampler.py).
 """
 
@@ -34,7 +35,7 @@ def logprobs_text(out: RequestOutput, texts: TokenTexts) -> str | None:
         return None
     body = {"tokens": [entry(e, texts) for e in out.logprobs or []]}
     if out.prompt_logprobs is not None:
-        body["prompt"] = [None if e is None else entry(e, texts) for e in out.prompt_logprobs]
+        body["prompt"] = [entry(e, texts) for e in out.prompt_logprobs]
     return json.dumps(body)
 
 
