@@ -85,7 +85,7 @@ def reference(tiny_model):
 # ---------------------------------------------------------------- test tiers
 
 SERVER_FIXTURES = {"triton_server", "locust_runs", "front", "bundled_bf16_server", "cluster", "fresh_cluster",
-                   "strict_server", "tight_server"}
+                   "strict_server", "tight_server", "bundled_server"}
 CONTAINER_MODULES = {"test_containers_e2e"}
 MODEL_MODULES = {"test_batch_invariance"}  # long in-process runs on either model
 SERVER_MODULES = {"test_openai_launcher_e2e", "test_soak", "test_termination", "test_children",
