@@ -206,7 +206,7 @@ BAD = [  # (route, body, status, param, words in the message)
     ("completions", {"model": "llm_inflight", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", ">= 1"),
     ("completions", {"model": "llm_inflight", "prompt": "x", "temperature": -1}, 400, "temperature", ">= 0"),
     ("completions", {"model": "llm_inflight", "prompt": "x", "top_p": 2}, 400, "top_p", "(0, 1]"),
-    ("completions", {"model": "llm_inflight", "prompt": "x", "logprobs": 5}, 400, "logprobs", "logprobs"),
+    ("completions", {"model": "llm_inflight", "prompt": "x", "logprobs": 25}, 400, "logprobs", "[0, 20]"),
     ("completions", {"model": "llm_inflight", "prompt": "x", "min_p": 0.2}, 400, "min_p", "min_p"),
     ("completions", {"model": "llm_inflight", "prompt": "x", "n": 0}, 400, "n", "n must be"),
     ("completions", {"model": "llm_inflight", "prompt": "x", "stop": [1]}, 400, "stop", "stop"),
@@ -218,9 +218,11 @@ BAD = [  # (route, body, status, param, words in the message)
     ("chat/completions", {"model": "llm_inflight", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages", "only text parts"),
     ("chat/completions", {"model": "llm_inflight", "messages": [{"role": "user", "content": "x"}],
-                          "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "tools"),
+                          "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", "auto"),
     ("chat/completions", {"model": "llm_inflight", "messages": [{"role": "user", "content": "x"}],
-                          "logprobs": True, "top_logprobs": 3}, 400, "logprobs", "logprobs"),
+                          "top_logprobs": 3}, 400, "top_logprobs", "logprobs: true"),
+    ("chat/completions", {"model": "llm_inflight", "messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "yaml"}}, 400, "response_format", "json_schema"),
     ("chat/completions", {"model": "llm_inflight", "messages": [{"role": "user", "content": "x"}],
                           "max_completion_tokens": 5000, "stream": True}, 400, None, "max_model_len"),
 ]
