@@ -3,6 +3,8 @@
 On CPU in bfloat16 and float32 (the shipped cases) the rows go to paged_attention.py: a compiled
 loop that reads each row's keys through its block table, in place, up to its own length. What
 follows is the path for everything else (other devices, float16): calls of PyTorch's flash kernel.
+It is EXPERIMENTAL: its rules below were found and are tested on CPU only (tests/test_decode_attention.py
+forces it there); on a GPU it runs untested, and the engine says so once in its log.
 
 Each row attends over its own sequence's keys (kv_cache.py), in calls of PyTorch's CPU flash
 kernel, each row masked to its own length. One call over every row padded to the longest makes
@@ -36,6 +38,7 @@ in one index, the results back in the rows' order in one, the masks made additiv
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +46,7 @@ import torch.nn.functional as F
 from tritonllm.engine.kv_cache import KVGather, PagedKVCache
 from tritonllm.kernels.paged_attention import PagedDecode, available
 
+log = logging.getLogger(__name__)
 SMALL_GEMM = 16 ** 3  # PyTorch's CPU gemm takes its fallback at or below this many multiply-adds
 FLASH_KV_BLOCK = 512  # PyTorch's CPU flash kernel computes keys in blocks of this many
 VECTOR = 16  # floats in the kernel's vectors (AVX-512; a multiple of AVX2's 8)
@@ -113,6 +117,7 @@ class DecodeAttention:
         self.paged = PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling) if paged else None
         if self.paged is not None:
             return
+        warn_experimental(device, dtype)
         needs = [min_keys(n, group, head_dim) for n in lengths]
         self.lone_rows = [i for i, need in enumerate(needs) if need is None]
         shared = [i for i, need in enumerate(needs) if need is not None]
@@ -172,6 +177,14 @@ class DecodeAttention:
         if self.result_index is not None:
             out = out[self.result_index]
         return out.reshape(-1, heads, dim)
+
+
+@functools.lru_cache(maxsize=None)
+def warn_experimental(device, dtype) -> None:
+    """Once per device and dtype: this path is not the tested one there."""
+    if torch.device(device).type != "cpu":
+        log.warning("decode attention on %s in %s runs the experimental flash-kernel path (decode_attention.py), "
+                    "tested on CPU only", device, dtype)
 
 
 def additive_mask(keys: int, visible: list[int], device, dtype) -> torch.Tensor:
