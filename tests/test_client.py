@@ -313,6 +313,21 @@ def test_sampling_flags_become_the_sampling_parameters_json():
     assert inputs["exclude_input_in_output"] == ("BOOL", True)
     # Flags left out are not sent: the server's defaults apply.
     assert sampling_from_args(build_parser().parse_args(["generate", "hi"])) == {}
+    # Logprobs and the structured-output flags become the models' keys.
+    args = build_parser().parse_args(["generate", "hi", "--logprobs", "2", "--choice", "yes", "--choice", "no"])
+    assert sampling_from_args(args) == {"logprobs": 2, "structured_outputs": {"choice": ["yes", "no"]}}
+    args = build_parser().parse_args(["generate", "hi", "--json-object"])
+    assert sampling_from_args(args) == {"structured_outputs": {"json_object": True}}
+
+
+def test_the_cli_asks_for_a_regex_and_logprobs_and_gets_them(triton_server, capsys):
+    from tritonllm_client.cli import main
+
+    assert main(["generate", "Hi", "--url", triton_server.grpc_url, "--regex", "[0-9]{4}", "--logprobs", "1",
+                 "--max-tokens", "8", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert re.fullmatch(r"[0-9]{4}", captured.out.strip()), captured.out
+    assert len([line for line in captured.err.splitlines() if " | " in line]) >= 4  # a line per token
 
 
 def test_stop_and_seed_reach_the_server(triton_server, capsys):
