@@ -18,7 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tritonllm.server.tritonserver import DEFAULT_MODEL_REPOSITORY
+from tritonllm.server.openai_front import OpenAIFront
+from tritonllm.server.tritonserver import DEFAULT_MODEL_REPOSITORY, find_free_ports
 from tritonllm_client.contract import is_final_response
 
 BATCHED = ("llm_dynamic", "llm_static")
@@ -256,3 +257,10 @@ def engine_parameter(key: str, value: str) -> dict[str, str]:
     return {rf'(key: "{key}", value: {{ string_value: ")[^"]*': rf"\g<1>{value}"}
 
 
+def started_front(server, log_dir, tokenizer: str) -> OpenAIFront:
+    """The OpenAI front on a free loopback port, in front of a test server's gRPC."""
+    (port,) = find_free_ports(1)
+    front = OpenAIFront(server.grpc_url, port=port, tokenizer=tokenizer, log_file=log_dir / "openai.log",
+                        ready_timeout=120)
+    front.start()
+    return front

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 import requests
-from e2e_clients import SETTLE, TIMEOUT, wait_for_metric
+from e2e_clients import SETTLE, TIMEOUT, started_front, wait_for_metric
 
 from tritonllm.engine.faults import hold_prompt
 from tritonllm.server.openai_front import OpenAIFront
@@ -35,10 +35,7 @@ FORCED = {"ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def front(triton_server, tmp_path_factory):
-    (port,) = find_free_ports(1)
-    front = OpenAIFront(triton_server.grpc_url, port=port, tokenizer="tiny",
-                        log_file=tmp_path_factory.mktemp("openai") / "openai.log", ready_timeout=120)
-    front.start()
+    front = started_front(triton_server, tmp_path_factory.mktemp("openai"), "tiny")
     yield front
     front.stop()
 

@@ -11,13 +11,11 @@ import json
 import openai
 import pytest
 from conftest import start_test_server
-from e2e_clients import TIMEOUT, concurrently, configured_repository, generate, generate_stream
+from e2e_clients import TIMEOUT, concurrently, configured_repository, generate, generate_stream, started_front
 from pydantic import BaseModel
 from structured_cases import cases
 
 from tritonllm.model_files import bundled_dir
-from tritonllm.server.openai_front import OpenAIFront
-from tritonllm.server.tritonserver import find_free_ports
 
 MODELS = ("llm_inflight", "llm_dynamic", "llm_static")
 MAX_TOKENS = 120
@@ -38,10 +36,7 @@ def bundled_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def front(bundled_server, tmp_path_factory):
-    (port,) = find_free_ports(1)
-    front = OpenAIFront(bundled_server.grpc_url, port=port, tokenizer="bundled",
-                        log_file=tmp_path_factory.mktemp("openai") / "openai.log", ready_timeout=120)
-    front.start()
+    front = started_front(bundled_server, tmp_path_factory.mktemp("openai"), "bundled")
     yield front
     front.stop()
 
