@@ -13,7 +13,7 @@ import pytest
 
 from tritonllm.server import triton_install
 from tritonllm.server.triton_install import ServerStartError, installed_triton, prepare_triton_home
-from tritonllm.server.tritonserver import TritonServer, find_free_ports, parse_load_failures
+from tritonllm.server.tritonserver import TritonServer, find_free_ports, parse_load_failures, still_loading
 
 ECHO_CONFIG = """
 backend: "python"
@@ -139,6 +139,47 @@ def test_slow_model_times_out_and_leaves_nothing(tmp_path):
             for p in psutil.process_iter(["cmdline", "name", "status"])
             if str(repo) in " ".join(p.info["cmdline"] or [])]
     assert not left
+
+
+STUCK_MODEL = """
+import time
+
+from tritonllm.triton import stack_dumps
+
+
+def stuck_in_initialize():
+    time.sleep(300)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        stack_dumps.enable()
+        stuck_in_initialize()
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.server
+def test_a_model_stuck_loading_is_named_with_its_stack(tmp_path):
+    """A start that times out names the model still loading and shows where its stub is stuck: the
+    stubs dump their stacks on SIGUSR1 (triton/stack_dumps.py), asked for before the server stops."""
+    repo = tmp_path / "repo"
+    add_model(repo, "stuck", model_py=STUCK_MODEL)
+    add_model(repo, "echo")
+    server = make_server(repo, tmp_path, ready_timeout=20)  # ample for a stub to reach initialize()
+    with pytest.raises(ServerStartError) as err:
+        server.start()
+    message = str(err.value)
+    assert "still loading: stuck\n" in message
+    assert "stuck_in_initialize" in message and "the stubs' stacks:" in message
+
+
+def test_still_loading_lists_models_neither_loaded_nor_failed():
+    log = ('I1 model_lifecycle.cc:472] "loading: a:1"\nI1 model_lifecycle.cc:472] "loading: b:1"\n'
+           'I1 model_lifecycle.cc:472] "loading: c:1"\nI2 model_lifecycle.cc:839] "successfully loaded \'a\'"\n')
+    assert still_loading(log) == ["b", "c"]
 
 
 def test_parse_load_failures_from_model_table():

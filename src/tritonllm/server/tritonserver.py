@@ -46,6 +46,7 @@ _LOG_FAILURES = [
     re.compile(r"^\|\s*(\S+)\s*\|\s*\d+\s*\|\s*UNAVAILABLE:\s*(.*?)\s*\|$"),
 ]
 # Precedes "Poll failed" when config.pbtxt does not parse.
+STACK_LINES = 200  # of the stubs' stacks in a start failure's message
 _PROTO_ERROR = re.compile(r"Error parsing text-format inference\.ModelConfig: (.*)$")
 
 
@@ -177,8 +178,9 @@ class TritonServer:
             self.ready_seconds = time.monotonic() - t0
             self._scan_stubs()
             return self
+        stacks = self._stub_stacks() if self.child.is_running() else ""
         self.stop()
-        raise ServerStartError(self._failure_message(problem))
+        raise ServerStartError(self._failure_message(problem, stacks))
 
     def _scan_stubs(self) -> None:
         """Remember the Python-backend stubs in the server's process group: pid -> model name.
@@ -188,9 +190,9 @@ class TritonServer:
         for pid in group_pids(self.process.pid):
             if pid in self.stubs:
                 continue
+            if not _is_stub(pid):
+                continue
             try:
-                if not os.readlink(f"/proc/{pid}/exe").endswith("triton_python_backend_stub"):
-                    continue
                 args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:  # gone meanwhile
                 continue
@@ -204,16 +206,38 @@ class TritonServer:
         self._scan_stubs()
         return sorted({name for pid, name in self.stubs.items() if not _running(pid)})
 
-    def _failure_message(self, problem: str) -> str:
+    def _stub_stacks(self, settle_s: float = 3.0) -> str:
+        """What the stubs write when asked for their threads' stacks (SIGUSR1, triton/stack_dumps.py):
+        where a model that never finishes loading is stuck."""
+        start = _log_size(self.log_file)
+        asked = [pid for pid in group_pids(self.process.pid) if _is_stub(pid) and _signal(pid, signal.SIGUSR1)]
+        if not asked:
+            return ""
+        size, deadline = start, time.monotonic() + settle_s
+        while time.monotonic() < deadline:  # until the log stops growing
+            time.sleep(0.3)
+            grown = _log_size(self.log_file)
+            if grown == size > start:
+                break
+            size = grown
+        with open(self.log_file, "rb") as log:
+            log.seek(start)
+            return log.read().decode(errors="replace")
+
+    def _failure_message(self, problem: str, stacks: str = "") -> str:
         log = self.read_log()
         failures = parse_load_failures(log)
         lines = [f"{problem} (log: {self.log_file})"]
         if failures:
             lines += [f"  model '{name}' failed to load: {why}" for name, why in failures.items()]
         else:
+            if stuck := still_loading(log):
+                lines.append(f"  still loading: {', '.join(stuck)}")
             # Skip the option/backend tables, which carry no error.
-            tail = [l for l in log.splitlines() if l.strip() and l[:1] not in "+|"][-20:]
+            tail = [l for l in log[: len(log) - len(stacks)].splitlines() if l.strip() and l[:1] not in "+|"][-20:]
             lines += ["  last log lines:"] + ["    " + l for l in tail]
+        if stacks.strip():
+            lines += ["  the stubs' stacks:"] + ["    " + l for l in stacks.splitlines()[:STACK_LINES]]
         return "\n".join(lines)
 
     def cpu_seconds(self) -> float | None:
@@ -258,6 +282,35 @@ class TritonServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def still_loading(log: str) -> list[str]:
+    """Models a server log shows loading and not (yet) loaded or failed."""
+    started = re.findall(r'"loading: ([^:"]+):', log)
+    ended = set(re.findall(r"successfully loaded '([^']+)'", log)) | set(parse_load_failures(log))
+    return sorted(set(started) - ended)
+
+
+def _is_stub(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe").endswith("triton_python_backend_stub")
+    except OSError:  # gone meanwhile
+        return False
+
+
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def group_pids(pgid: int) -> list[int]:

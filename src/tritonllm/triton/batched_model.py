@@ -15,13 +15,14 @@ from dataclasses import replace
 from tritonllm.engine.faults import engine_class
 from tritonllm.engine.model_loader import load_model
 from tritonllm.errors import Fault, RequestError
-from tritonllm.triton import pb
+from tritonllm.triton import pb, stack_dumps
 from tritonllm.triton.logprobs_output import TokenTexts
 from tritonllm.triton.metrics import EngineCounters
 
 
 class BatchedModel:
     def initialize(self, args):
+        stack_dumps.enable()
         pb.check_config(args)
         params = pb.model_parameters(args)
         self.model_name = args["model_name"]

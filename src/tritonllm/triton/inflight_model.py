@@ -21,7 +21,7 @@ from tritonllm.engine.faults import engine_class
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.model_loader import load_model
 from tritonllm.engine.sequence import RequestOutput
-from tritonllm.triton import pb
+from tritonllm.triton import pb, stack_dumps
 from tritonllm.triton.logprobs_output import TokenTexts
 from tritonllm.triton.metrics import InflightMetrics
 from tritonllm.triton.request import GenerateRequest
@@ -44,6 +44,7 @@ class OpenRequest:
 
 class InflightModel:
     def initialize(self, args):
+        stack_dumps.enable()
         pb.check_config(args)
         params = pb.model_parameters(args)
 
