@@ -17,6 +17,7 @@ test (pytest prints it under the failure; `-rfE` lists every failure at the end)
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ import torch
 
 from tritonllm.engine import faults
 from tritonllm.engine.model_loader import DTYPE_ENV, load_model
+from tritonllm.server.triton_install import ServerStartError
 from tritonllm.server.tritonserver import TritonServer, find_free_ports
 
 # float32 everywhere in tests (servers inherit it), so that answers can be held to unbatched `generate`
@@ -37,11 +39,21 @@ LOG_LINES_ON_FAILURE = 200
 
 def start_test_server(log_dir, env: dict[str, str] | None = None, **options) -> TritonServer:
     """A started tritonserver on free loopback ports with the tiny model (unless `env` names
-    another) and test faults on."""
-    http, grpc, metrics = find_free_ports(3)
-    server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log_dir / "server.log",
-                          env={**TEST_SERVER_ENV, **(env or {})}, ready_timeout=180, **options)
-    return server.start()
+    another) and test faults on.
+
+    A start in which a model never finished loading is tried once more, with a warning that carries
+    the stuck stub's stacks: one CI run (of ~50 starts) had llm_static stuck in initialize() with
+    nothing in its log, not reproduced here in 40 starts under load; the warning shows where."""
+    for attempt, log_name in enumerate(("server.log", "server.retry.log")):
+        http, grpc, metrics = find_free_ports(3)
+        server = TritonServer(http_port=http, grpc_port=grpc, metrics_port=metrics, log_file=log_dir / log_name,
+                              env={**TEST_SERVER_ENV, **(env or {})}, ready_timeout=180, **options)
+        try:
+            return server.start()
+        except ServerStartError as exc:
+            if attempt or not server.stuck_loading:
+                raise
+            warnings.warn(f"a model stuck loading; starting the server again: {exc}")
 
 
 @pytest.fixture(scope="session")

@@ -113,6 +113,7 @@ class TritonServer:
         self.log_file = Path(log_file)
         self.child: Child | None = None
         self.stubs: dict[int, str] = {}
+        self.stuck_loading: list[str] = []  # after a start that timed out: the models still loading
         self.ready_seconds: float | None = None
         self.terminated = False  # SIGTERM sent (a second one could cut Triton's drain short)
 
@@ -179,6 +180,7 @@ class TritonServer:
             self._scan_stubs()
             return self
         stacks = self._stub_stacks() if self.child.is_running() else ""
+        self.stuck_loading = still_loading(self.read_log()) if stacks else []
         self.stop()
         raise ServerStartError(self._failure_message(problem, stacks))
 
@@ -231,8 +233,8 @@ class TritonServer:
         if failures:
             lines += [f"  model '{name}' failed to load: {why}" for name, why in failures.items()]
         else:
-            if stuck := still_loading(log):
-                lines.append(f"  still loading: {', '.join(stuck)}")
+            if self.stuck_loading:
+                lines.append(f"  still loading: {', '.join(self.stuck_loading)}")
             # Skip the option/backend tables, which carry no error.
             tail = [l for l in log[: len(log) - len(stacks)].splitlines() if l.strip() and l[:1] not in "+|"][-20:]
             lines += ["  last log lines:"] + ["    " + l for l in tail]
