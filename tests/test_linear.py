@@ -1,9 +1,10 @@
 """The runner's matmuls (kernels/linear.py): the kernel chosen per weight, and what it must keep.
 
 A row's result must not depend on how many rows share the call (batch invariance of the matmul),
-for every linear shape of the bundled model, in bfloat16 (oneDNN prepacked where oneDNN runs bf16,
-plain `F.linear` on an AVX2-only CPU) and with int8 weights; float32 stays plain `F.linear`, the
-model's own kernel.
+for every linear shape of the bundled model, in bfloat16 (the native kernel where the CPU has
+AVX512-BF16, and with it off: oneDNN prepacked where oneDNN runs bf16, plain `F.linear` on an AVX2-only
+CPU) and with int8 weights; float32 stays plain `F.linear`, the model's own kernel. The native kernel's
+own tests: test_native_linear.py.
 """
 
 from __future__ import annotations
@@ -14,13 +15,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels.linear import PackedWeight, linear, nbytes, prepare, prepack_enabled
+from tritonllm.kernels import native_linear
+from tritonllm.kernels.linear import NativeWeight, PackedWeight, linear, nbytes, prepare, prepack_enabled
 from tritonllm.kernels.quantization import Int8Weight
 from tritonllm.model_files import prepare_bundled
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 32, 64, 257)
 ONEDNN_BF16 = prepack_enabled(torch.bfloat16, torch.device("cpu"))  # CPU-dependent (cpu_isa.py)
+NATIVE = native_linear.kernel() is not None  # CPU-dependent (AVX512-BF16), and built by ./setup.sh
 needs_onednn_bf16 = pytest.mark.skipif(not ONEDNN_BF16, reason="this CPU has no oneDNN bf16 (AVX2 only): F.linear")
+
+
+@pytest.fixture(params=["native", "previous"])
+def path(request, monkeypatch):
+    """The bf16 path: the native kernel, or with it off (TRITONLLM_NATIVE_KERNELS=0) linear.py's other."""
+    if request.param == "native" and not NATIVE:
+        pytest.skip("no native kernel here: the CPU has no AVX512-BF16")
+    monkeypatch.setenv(native_linear.SWITCH_ENV, "1" if request.param == "native" else "0")
+    return request.param
+
+
+@pytest.fixture
+def previous_path(monkeypatch):
+    """linear.py's paths with the native kernel off (oneDNN prepacked where oneDNN runs bf16)."""
+    monkeypatch.setenv(native_linear.SWITCH_ENV, "0")
 
 
 def bundled_linear_shapes() -> dict[str, tuple[int, int]]:
@@ -35,13 +53,14 @@ def bundled_linear_shapes() -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("quantization", ["none", "int8"])
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down", "lm_head"])
-def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
+def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization, path):
     fan_in, fan_out = bundled_linear_shapes()[name]
     torch.manual_seed(0)
     weight = (torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16)
     x = torch.randn(max(ROW_COUNTS), fan_in).to(torch.bfloat16)
     prepared = prepare(weight, quantization, rows_hint=8)
-    assert isinstance(prepared, Int8Weight if quantization == "int8" else PackedWeight if ONEDNN_BF16 else torch.Tensor)
+    assert isinstance(prepared, Int8Weight if quantization == "int8" else NativeWeight if path == "native"
+                      else PackedWeight if ONEDNN_BF16 else torch.Tensor)
     full = linear(x, prepared)
     for rows in ROW_COUNTS:
         assert torch.equal(linear(x[:rows], prepared), full[:rows]), f"{name}: {rows} rows differ"
@@ -50,7 +69,7 @@ def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization):
     assert not lone, f"{name}: {len(lone)} of {len(x)} rows differ alone, first {lone[:5]}"
 
 
-def test_a_bf16_weight_keeps_the_bias_and_the_values():
+def test_a_bf16_weight_keeps_the_bias_and_the_values(path):
     torch.manual_seed(1)
     weight, bias = torch.randn(96, 64).to(torch.bfloat16), torch.randn(96).to(torch.bfloat16)
     x = torch.randn(7, 64).to(torch.bfloat16)
@@ -87,7 +106,7 @@ def test_call_ranges_put_consecutive_tiles_in_calls_of_whole_tiles_up_to_tile_ro
     assert call_ranges(groups, 32, 192) == [(0, 1, 1), (1, 167, 192), (167, 168, 1), (168, 232, 64)]
 
 
-def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
+def test_a_tile_of_rows_gets_the_same_bits_in_any_step(path):
     """Rows cut by `call_ranges` get the same bits whatever rows share the step: a tile alone against
     the same tile after decode rows and before another tile."""
     from tritonllm.kernels.linear import call_ranges
@@ -105,7 +124,7 @@ def test_a_tile_of_rows_gets_the_same_bits_in_any_step():
 
 
 @pytest.mark.parametrize("name", ["qkv", "o", "gate_up", "down"])
-def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
+def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name, path):
     """A prefix-cache hit computes a prompt's rows from a later tile on than a cold prefill does, so
     the tiles share calls otherwise (call_ranges merges them up to the weight's `tile_rows`, found
     at load): every row must get the same bits, for every layer shape of the bundled model."""
@@ -128,7 +147,7 @@ def test_a_prompt_row_gets_the_same_bits_whichever_tiles_share_its_call(name):
 
 
 @needs_onednn_bf16
-def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkeypatch):
+def test_a_runner_without_batch_invariance_makes_one_call_a_weight_a_step(monkeypatch, previous_path):
     """`batch_invariant: false` trades the cut calls for one matmul call a weight a step (rows limited
     to 4 a call here, as AMX limits them to 32, so that any CPU shows the cut)."""
     from dataclasses import replace

@@ -5,6 +5,7 @@
    matmuls instead of the compiled layer kernels (kernels/layer_kernels.py), side by side;
    prefill: a lone prompt's prefill (256 and 1,280 tokens cold, 256 after 1,024 cached), with
    batch invariance on and, where it costs matmul calls (AMX), off, side by side;
+   linears / native: the native bf16 linear against the path it replaces (bench/kernels.py);
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -34,6 +35,7 @@ import time
 
 import torch
 
+from tritonllm.bench.kernels import print_linears, print_native_vs_previous, run_linears, run_native_vs_previous
 from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.engine.sampling_params import SamplingParams
@@ -334,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the ceiling and the engine in float32, or with int8 weights (repeatable)")
     parser.add_argument("--match", type=int, default=0, metavar="N",
                         help="greedy batch invariance on N chat prompts (40 tokens each), per dtype run")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["decode", "prefill", "ceiling", "engine", "request", "hf-cb", "static"])
+    sections = ["decode", "prefill", "linears", "native", "ceiling", "engine", "request", "hf-cb", "static"]
+    parser.add_argument("--skip", nargs="*", default=[], choices=sections)
+    parser.add_argument("--only", nargs="*", default=[], choices=sections, help="run only these sections")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--profile-steps", metavar="FILE",
                         help="only time the runner's forward over a grid of step shapes and write them here "
@@ -364,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = {
         "decode": lambda: run_decode_steps(model, args.quantization),
         "prefill": lambda: run_prefill_steps(model, args.quantization),
+        "linears": lambda: run_linears(model),
+        "native": lambda: run_native_vs_previous(model),
         "ceiling": lambda: run_ceiling(model, tokenizer, workload, args.slots, args.quantization),
         "engine": lambda: run_engine(model, tokenizer, workload, args.slots, args.budget,
                                      quantization=args.quantization),
@@ -386,11 +392,12 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"match-{variant}"] = lambda m=v_model, q=v_quant: run_match(m, tokenizer, match_workload,
                                                                              args.slots, 40, q)
     results = {}
-    run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget,
-               quantization=args.quantization)  # warm-up
+    runs = {name: run for name, run in runs.items()
+            if name not in args.skip and (not args.only or name in args.only or name.partition("-")[0] in args.only)}
+    if {"engine", "request"} & set(runs):
+        run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget,
+                   quantization=args.quantization)  # warm-up
     for name, run in runs.items():
-        if name in args.skip:
-            continue
         try:
             results[name] = run()
         except Exception as exc:  # report and go on: one failing baseline must not hide the others
@@ -402,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             print_decode_steps(r)
         elif name == "prefill":
             print_prefill_steps(r)
+        elif name == "linears":
+            print_linears(r)
+        elif name == "native":
+            print_native_vs_previous(r)
         elif name.startswith("match"):
             print(f"{name:8s} {r['identical']}/{r['prompts']} greedy answers ({r['tokens']} tokens) token-identical "
                   f"to unbatched generate; mean common prefix {r['mean_common_prefix']:.1f} tokens", flush=True)

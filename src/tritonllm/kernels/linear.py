@@ -1,6 +1,6 @@
 """How the runner multiplies by a weight, chosen once per weight at load: the one place for it.
 
-- bfloat16 / float16 on a CPU where oneDNN runs them (cpu_isa.py): oneDNN with the weight reordered
+- bfloat16 / float16 otherwise, on a CPU where oneDNN runs them (cpu_isa.py): oneDNN with the weight reordered
   once into its blocked layout (`mkldnn._reorder_linear_weight`, then `mkldnn._linear_pointwise`):
   a decode step streams every weight once, and from a prepacked weight oneDNN streams faster than
   `aten::mm` at decode row counts. A row's result must not depend on how many rows share the call:
@@ -14,6 +14,8 @@
     own of a whole number of TILE_ROWS (a partial tile padded), where a row gets the same bits wherever
     it sits; consecutive tiles share a call of up to `tile_rows` rows, found per weight at load
     (`_tile_rows`), as longer calls are faster.
+- bfloat16 on a CPU with AVX512-BF16, first: the native kernel (native_linear.py), AMX tiles where
+  `cpu_isa.amx_enabled()`; a row's bits never depend on the call, so it needs no cutting.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to the
   model's own forward (tested).
@@ -25,12 +27,12 @@ calls of prompt tiles).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import cpu_isa
+from tritonllm.kernels import cpu_isa, native_linear
 from tritonllm.kernels.quantization import Int8Weight
 
 
@@ -42,6 +44,16 @@ class PackedWeight:
     nbytes: int  # of the weight it was made from
     row_block: int | None  # the most rows per call that give each row the bits it gets alone
     tile_rows: int | None  # the most rows (a multiple of TILE_ROWS) per call of prompt tiles
+
+
+@dataclass(frozen=True)
+class NativeWeight:
+    """A bf16 weight packed for the native kernel (native_linear.py)."""
+
+    packed: torch.Tensor
+    nbytes: int
+    amx: bool  # AMX tiles, else AVX512-BF16
+    multiply: Callable  # the kernel's linear(x, packed, bias, amx)
 
 
 AMX_ROW_BLOCK = 32  # with AMX, calls of at most this many rows give each row its lone bits (measured)
@@ -112,6 +124,10 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
     weight = weight.detach()
     if quantization == "int8":
         return Int8Weight.of(weight)
+    if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_linear.fits(weight.shape)
+            and (kernel := native_linear.kernel()) is not None):
+        return NativeWeight(kernel.pack(weight), weight.numel() * weight.element_size(), cpu_isa.amx_enabled(),
+                            kernel.linear)
     if prepack_enabled(weight.dtype, weight.device):
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows_hint)
         block = checked_row_block(lambda x: _packed_call(x, packed, None), weight.shape[1], weight.dtype,
@@ -123,7 +139,7 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
 
 def nbytes(weight) -> int:
     """Bytes a matmul by this weight streams from memory."""
-    if isinstance(weight, PackedWeight):
+    if isinstance(weight, (PackedWeight, NativeWeight)):
         return weight.nbytes
     if isinstance(weight, Int8Weight):
         return weight.values.numel() + weight.scales.numel() * weight.scales.element_size()
@@ -162,6 +178,8 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, calls: lis
     """x (rows, in) times a weight from `prepare` (or a plain tensor), plus bias. `calls`: how to cut
     the rows where the weight keeps rows' bits only in short calls (`call_ranges`; default: calls
     of `row_block` rows)."""
+    if isinstance(weight, NativeWeight):
+        return weight.multiply(x, weight.packed, bias, weight.amx)
     if isinstance(weight, PackedWeight):
         block = weight.row_block
         if block is None or x.shape[0] <= block:

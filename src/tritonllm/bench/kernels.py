@@ -1,0 +1,157 @@
+"""The native bf16 linear against the path it replaces, side by side in one process
+(`tritonllm-bench-engine --only linears native`):
+
+- linears: each matmul shape of the model at 1-512 rows, the native kernel against linear.py's
+  previous path (oneDNN prepacked, cut into the calls batch invariance needs: decode rows in calls
+  of the AMX row block, more than 32 rows as prompt tiles); microseconds, GB/s of weights against
+  this machine's `t.sum()` over 1 GiB, and TFLOP/s;
+- native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
+  kernel and with it off (TRITONLLM_NATIVE_KERNELS=0), and the native runner with batch invariance
+  off, alternating in one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+
+import torch
+
+from tritonllm.engine.model_runner import Chunk, ModelRunner
+from tritonllm.kernels import linear as linear_module
+from tritonllm.kernels import native_linear
+
+ROWS = (1, 8, 32, 128, 512)
+TILE = linear_module.TILE_ROWS
+
+
+@contextlib.contextmanager
+def native(on: bool):
+    old = os.environ.get(native_linear.SWITCH_ENV)
+    os.environ[native_linear.SWITCH_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[native_linear.SWITCH_ENV]
+        else:
+            os.environ[native_linear.SWITCH_ENV] = old
+
+
+def memory_bandwidth() -> float:
+    """Bytes/s of `t.sum()` over 1 GiB of float32, the best of 5."""
+    t = torch.ones(2 ** 28)
+    t.sum()
+    best = min(_seconds(t.sum) for _ in range(5))
+    return t.numel() * 4 / best
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _timed(fns: dict, repeats: int, inner: int) -> dict:
+    """Median seconds a call of each fn, the fns alternating (a noisy moment touches all alike)."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for rep in range(repeats):
+        for name in (list(fns) if rep % 2 else list(fns)[::-1]):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fns[name]()
+            times[name].append((time.perf_counter() - t0) / inner)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _previous_calls(rows: int, weight) -> list | None:
+    """The calls the runner makes for batch invariance: decode rows up to 32, else prompt tiles."""
+    if rows <= 32 or getattr(weight, "row_block", None) is None:
+        return None
+    tiles = [(first, min(first + TILE, rows)) for first in range(0, rows, TILE)]
+    return linear_module.call_ranges(tiles, weight.row_block, weight.tile_rows)
+
+
+def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
+    if native_linear.kernel() is None:
+        return {"error": f"native kernel {native_linear.describe()}"}
+    runner_layer = model.model.layers[0]
+    attn, mlp = runner_layer.self_attn, runner_layer.mlp
+    shapes = {"qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+              "o": attn.o_proj.weight, "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+              "down": mlp.down_proj.weight, "lm_head": model.lm_head.weight}
+    bandwidth = memory_bandwidth()
+    out = {"t_sum_gb_per_s": bandwidth / 1e9, "path": native_linear.describe(), "shapes": {}}
+    for name, weight in shapes.items():
+        weight = weight.detach().to(torch.bfloat16)
+        with native(False):
+            previous = linear_module.prepare(weight, "none", 8)
+        with native(True):
+            mine = linear_module.prepare(weight, "none", 8)
+        nbytes = weight.numel() * 2
+        for m in rows:
+            x = torch.randn(m, weight.shape[1]).bfloat16()
+            calls = _previous_calls(m, previous)
+            inner = max(1, int(2e-3 / max(nbytes / 20e9, 2 * m * weight.numel() / 5e11)))
+            t = _timed({"previous": lambda: linear_module.linear(x, previous, calls=calls),
+                        "native": lambda: linear_module.linear(x, mine)}, repeats, inner)
+            out["shapes"][f"{name} {tuple(weight.shape)} x {m}"] = {
+                "previous_us": t["previous"] * 1e6, "native_us": t["native"] * 1e6,
+                "native_over_previous": t["native"] / t["previous"],
+                "native_gb_per_s": nbytes / t["native"] / 1e9, "previous_gb_per_s": nbytes / t["previous"] / 1e9,
+                "native_tflop_per_s": 2 * m * weight.numel() / t["native"] / 1e12,
+                "previous_tflop_per_s": 2 * m * weight.numel() / t["previous"] / 1e12}
+    return out
+
+
+def print_linears(r: dict) -> None:
+    print(f"linears, bf16 ({r['path']}; t.sum() over 1 GiB: {r['t_sum_gb_per_s']:.1f} GB/s):")
+    print(f"  {'shape x rows':28s} {'previous us':>11s} {'native us':>10s} {'ratio':>6s}  native GB/s (of t.sum)  TFLOP/s native / previous")
+    for name, c in r["shapes"].items():
+        print(f"  {name:28s} {c['previous_us']:11.1f} {c['native_us']:10.1f} {c['native_over_previous']:6.2f}  "
+              f"{c['native_gb_per_s']:7.1f} ({c['native_gb_per_s'] / r['t_sum_gb_per_s']:4.2f})  "
+              f"{c['native_tflop_per_s']:6.3f} / {c['previous_tflop_per_s']:6.3f}", flush=True)
+
+
+DECODE = {"8 x 32": [32] * 8, "32 x 128": [128] * 32}
+PREFILL = [(0, 512), (512, 512), (1024, 256)]  # a cold 1,280-token prompt in chunks of 512
+
+
+def run_native_vs_previous(model, repeats: int = 9) -> dict:
+    if native_linear.kernel() is None:
+        return {"error": f"native kernel {native_linear.describe()}"}
+    runners = {}
+    for name, on, invariant in (("native", True, True), ("previous", False, True), ("native, invariance off", True, False)):
+        with native(on):
+            runners[name] = ModelRunner(model, 32, 2048, batch_invariant=invariant)
+    ids = [(100 + i) % model.config.vocab_size for i in range(1280)]
+
+    def prefill(runner):
+        blocks = runner.slot_blocks(0)
+        for start, n in PREFILL:
+            runner.forward([Chunk(blocks, ids[start:start + n], start, True)])
+
+    cases = {}
+    for case, lengths in DECODE.items():
+        t = _timed({name: (lambda r=r: r.decode_ceiling_step(lengths)) for name, r in runners.items()}, repeats, 3)
+        cases[f"decode {case}"] = t
+    cases["prefill cold 1280"] = _timed({name: (lambda r=r: prefill(r)) for name, r in runners.items()
+                                         if "off" not in name}, max(3, repeats // 2), 1)
+    weight_bytes = runners["native"].weight_bytes
+    return {"path": native_linear.describe(), "weight_bytes": weight_bytes, "t_sum_gb_per_s": memory_bandwidth() / 1e9,
+            "cases": cases}
+
+
+def print_native_vs_previous(r: dict) -> None:
+    print(f"runner steps, native bf16 linear ({r['path']}) against it off, alternating:")
+    for case, t in r["cases"].items():
+        extra = "".join(f"  | {name} {s * 1e3:.1f} ms ({s / t['native']:.2f}x native)" for name, s in t.items()
+                        if name not in ("native", "previous"))
+        gbs = (f", weights {r['weight_bytes'] / t['native'] / 1e9:.1f} GB/s = "
+               f"{r['weight_bytes'] / t['native'] / 1e9 / r['t_sum_gb_per_s']:.2f} of t.sum()") if case.startswith("decode") else ""
+        print(f"  {case:18s} native {t['native'] * 1e3:7.1f} ms, previous {t['previous'] * 1e3:7.1f} ms: "
+              f"{t['native'] / t['previous']:.2f} of the time{gbs}{extra}", flush=True)

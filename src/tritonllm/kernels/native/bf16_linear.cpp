@@ -1,0 +1,190 @@
+// bf16 linears for CPUs with AVX512-BF16, and AMX tiles where the CPU has them (kernels/native_linear.py).
+//
+// Batch invariant by construction: every output element is one accumulator that runs over K in one
+// fixed order (pairs of K for `vdpbf16ps`, 32 of K a step for AMX's `tdpbf16ps`), whatever the number
+// of rows in the call or a row's place in it; threads split the output columns, never K.
+//
+// The weight is packed once at load, 16 output columns a block, in VNNI pairs:
+// packed[block][k / 2][column][k % 2], the layout both `vdpbf16ps` and AMX's B tiles read.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kCols = 16;        // output columns a block (one zmm of float32)
+constexpr int64_t kGroup = 4;        // blocks computed together (weight loads reuse the row broadcasts)
+constexpr int64_t kRows = 4;         // rows computed together by the AVX512 kernel
+constexpr int64_t kTileRows = 16;    // AMX: rows a tile
+constexpr int64_t kTileK = 32;       // AMX: K a tile dot product
+
+using bf16 = uint16_t;
+
+// ---- AVX512-BF16 ----------------------------------------------------------------------------------
+
+template <int R, int B>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+void avx512_tile(const bf16* x, int64_t ldx, const bf16* w, int64_t k2n, const float* bias, bf16* out, int64_t ldo) {
+  __m512 acc[R][B];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
+  const int64_t block = k2n * kCols * 2;  // elements a packed block
+  for (int64_t k2 = 0; k2 < k2n; ++k2) {
+    __m512bh wv[B];
+    for (int b = 0; b < B; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * block + k2 * kCols * 2);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * ldx + 2 * k2, 4);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < B; ++b) {
+      __m512 v = acc[r][b];
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + b * kCols));
+      _mm256_storeu_si256((__m256i*)(out + r * ldo + b * kCols), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+
+using TileFn = void (*)(const bf16*, int64_t, const bf16*, int64_t, const float*, bf16*, int64_t);
+
+template <int R>
+TileFn tile_for_blocks(int64_t blocks) {
+  switch (blocks) {
+    case 1: return avx512_tile<R, 1>;
+    case 2: return avx512_tile<R, 2>;
+    case 3: return avx512_tile<R, 3>;
+    default: return avx512_tile<R, 4>;
+  }
+}
+
+TileFn tile_for(int64_t rows, int64_t blocks) {
+  switch (rows) {
+    case 1: return tile_for_blocks<1>(blocks);
+    case 2: return tile_for_blocks<2>(blocks);
+    case 3: return tile_for_blocks<3>(blocks);
+    default: return tile_for_blocks<4>(blocks);
+  }
+}
+
+void avx512_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float* bias, bf16* out, int64_t n,
+                    int64_t first_block, int64_t last_block) {
+  const int64_t k2n = k / 2, block = k2n * kCols * 2;
+  for (int64_t b0 = first_block; b0 < last_block; b0 += kGroup) {
+    const int64_t blocks = std::min(kGroup, last_block - b0);
+    for (int64_t r0 = 0; r0 < m; r0 += kRows) {
+      const int64_t rows = std::min(kRows, m - r0);
+      tile_for(rows, blocks)(x + r0 * k, k, w + b0 * block, k2n, bias ? bias + b0 * kCols : nullptr,
+                             out + r0 * n + b0 * kCols, n);
+    }
+  }
+}
+
+// ---- AMX ------------------------------------------------------------------------------------------
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_permitted() {
+  // Linux hands out AMX's tile state only to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA).
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+void amx_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float* bias, bf16* out, int64_t n,
+                 int64_t first_block, int64_t last_block) {
+  // tmm0-3: C (rows x 16 float32), tmm4: A (rows x 32 bf16), tmm5-6: B (16 pairs x 16 columns).
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) { cfg.rows[t] = kTileRows; cfg.colsb[t] = 64; }
+  _tile_loadconfig(&cfg);
+  const int64_t k2n = k / 2, block = k2n * kCols * 2;
+  alignas(64) float c[kGroup][kTileRows][kCols];
+  // A last partial tile of rows, zero-padded once a call.
+  const int64_t tail = m % kTileRows;
+  thread_local std::vector<bf16> padded;
+  if (tail) {
+    padded.assign(kTileRows * k, 0);
+    std::memcpy(padded.data(), x + (m - tail) * k, tail * k * sizeof(bf16));
+  }
+  for (int64_t b0 = first_block; b0 < last_block; b0 += kGroup) {
+    const int64_t blocks = std::min(kGroup, last_block - b0);
+    const bf16* wb = w + b0 * block;
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const int64_t rows = std::min(kTileRows, m - r0);
+      const bf16* a = rows < kTileRows ? padded.data() : x + r0 * k;
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t kc = 0; kc < k; kc += kTileK) {
+        const bf16* wk = wb + kc * kCols;  // (kc / 2) pairs in, 16 columns x 2 each
+        _tile_loadd(4, a + kc, k * sizeof(bf16));
+        _tile_loadd(5, wk, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (blocks > 1) { _tile_loadd(6, wk + block, 64); _tile_dpbf16ps(1, 4, 6); }
+        if (blocks > 2) { _tile_loadd(5, wk + 2 * block, 64); _tile_dpbf16ps(2, 4, 5); }
+        if (blocks > 3) { _tile_loadd(6, wk + 3 * block, 64); _tile_dpbf16ps(3, 4, 6); }
+      }
+      _tile_stored(0, c[0], 64);
+      if (blocks > 1) _tile_stored(1, c[1], 64);
+      if (blocks > 2) _tile_stored(2, c[2], 64);
+      if (blocks > 3) _tile_stored(3, c[3], 64);
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t r = 0; r < rows; ++r) {
+          __m512 v = _mm512_load_ps(c[b][r]);
+          if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (b0 + b) * kCols));
+          _mm256_storeu_si256((__m256i*)(out + (r0 + r) * n + (b0 + b) * kCols), (__m256i)_mm512_cvtneps_pbh(v));
+        }
+    }
+  }
+  _tile_release();
+}
+
+// ---- the ops --------------------------------------------------------------------------------------
+
+torch::Tensor pack(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "pack: a 2-d bfloat16 weight");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(n % kCols == 0 && k % kTileK == 0, "pack: out features a multiple of 16, in features of 32");
+  // (n, k) -> (n / 16, 16, k / 2, 2) -> (n / 16, k / 2, 16, 2)
+  return weight.contiguous().view({n / kCols, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
+}
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
+                     bool amx) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "linear: 2-d bfloat16 rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2, "linear: a packed weight");
+  const int64_t m = x.size(0), k = x.size(1), blocks = packed.size(0), n = blocks * kCols;
+  TORCH_CHECK(packed.size(1) * 2 == k, "linear: rows have ", k, " features, the weight ", packed.size(1) * 2);
+  TORCH_CHECK(!amx || amx_permitted(), "linear: Linux refused AMX tiles to this process");
+  const torch::Tensor rows = x.contiguous();
+  torch::Tensor bias32;
+  if (bias.has_value() && bias->defined()) bias32 = bias->to(torch::kFloat).contiguous();
+  torch::Tensor out = torch::empty({m, n}, x.options());
+  if (m == 0) return out;
+  const bf16* xp = reinterpret_cast<const bf16*>(rows.data_ptr());
+  const bf16* wp = reinterpret_cast<const bf16*>(packed.data_ptr());
+  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
+  bf16* op = reinterpret_cast<bf16*>(out.data_ptr());
+  const int64_t groups = (blocks + kGroup - 1) / kGroup;
+  at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
+    const int64_t b0 = first * kGroup, b1 = std::min(blocks, last * kGroup);
+    if (amx) amx_columns(xp, m, k, wp, bp, op, n, b0, b1);
+    else avx512_columns(xp, m, k, wp, bp, op, n, b0, b1);
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack", &pack, "a (out, in) bfloat16 weight in VNNI blocks of 16 output columns");
+  m.def("linear", &linear, "rows (m, in) times a packed weight, plus bias; bfloat16 out");
+}
