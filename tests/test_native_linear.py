@@ -129,3 +129,14 @@ def test_a_kernel_that_cannot_load_leaves_the_previous_path(monkeypatch, caplog)
         assert not isinstance(linear.prepare(weights(96, 64)[0], "none", 8), linear.NativeWeight)
     finally:
         native_linear._loaded.cache_clear()
+
+
+@pytest.mark.skipif(not native_linear.cpu_runs_it(), reason="no AVX512-BF16: the kernel is not for this CPU")
+def test_setup_built_the_kernel_where_the_cpu_runs_it():
+    # a build that failed quietly would otherwise only show as the other tests here skipping
+    import shutil
+
+    if not shutil.which("c++"):
+        pytest.fail("this CPU runs the native kernel but there is no C++ compiler to build it")
+    assert native_linear._library().exists(), f"not built: {native_linear._library()}; ./setup.sh builds it"
+    assert native_linear._loaded() is not None
