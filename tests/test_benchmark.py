@@ -72,3 +72,21 @@ def test_closed_loop_in_process_keeps_users_busy_and_counts_every_token():
     assert result["requests"] == 7 and result["tokens"] == sum(n for _, n in workload)
     assert result["tokens_per_s"] > 0 and result["ttft_p50"] > 0
     assert engine.stats.requests_scheduled == 7
+
+
+def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
+    from tritonllm.kernels import native_linear
+
+    out = tmp_path / "bench.json"
+    assert benchmark.main(["--model", "tiny", "--dtype", "bfloat16", "--only", "linears", "native",
+                           "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"linears", "native"}
+    if native_linear.kernel() is None:  # no AVX512-BF16 here, or the switch off: said, not timed
+        assert all("error" in r and "native kernel off" in r["error"] for r in results.values())
+        return
+    linears, steps = results["linears"], results["native"]
+    assert linears["t_sum_gb_per_s"] > 0 and len(linears["shapes"]) == 5 * 5
+    assert all(c["native_us"] > 0 and c["native_over_previous"] > 0 for c in linears["shapes"].values())
+    assert set(steps["cases"]) == {"decode 8 x 32", "decode 32 x 128", "prefill cold 1280"}
+    assert all(s > 0 for case in steps["cases"].values() for s in case.values())

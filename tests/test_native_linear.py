@@ -100,6 +100,7 @@ def test_the_kernel_follows_the_cpu_and_the_isa_cap(monkeypatch):
 
 def test_a_kernel_not_built_is_said_once_and_the_previous_path_runs(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("TRITONLLM_CACHE", str(tmp_path))
+    monkeypatch.setenv(native_linear.SWITCH_ENV, "1")
     native_linear._loaded.cache_clear()
     try:
         with caplog.at_level(logging.INFO, logger=native_linear.__name__):

@@ -5,7 +5,8 @@
    matmuls instead of the compiled layer kernels (kernels/layer_kernels.py), side by side;
    prefill: a lone prompt's prefill (256 and 1,280 tokens cold, 256 after 1,024 cached), with
    batch invariance on and, where it costs matmul calls (AMX), off, side by side;
-   linears / native: the native bf16 linear against the path it replaces (bench/kernels.py);
+   linears / native (only when named in --only): the native bf16 linear against the path it
+   replaces (bench/kernels.py);
 1. ceiling: the engine's model runner doing decode steps for a full batch of slots, nothing else;
 2. engine: the in-flight engine (scheduling, chunked prefill, sampling, detokenizing);
    request: the same engine with request-level batches (what llm_dynamic / llm_static run);
@@ -392,8 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"match-{variant}"] = lambda m=v_model, q=v_quant: run_match(m, tokenizer, match_workload,
                                                                              args.slots, 40, q)
     results = {}
+    opt_in = {"linears", "native"}  # the kernel's own figures: asked for by name
     runs = {name: run for name, run in runs.items()
-            if name not in args.skip and (not args.only or name in args.only or name.partition("-")[0] in args.only)}
+            if name not in args.skip and (name in args.only or name.partition("-")[0] in args.only
+                                          or (not args.only and name not in opt_in))}
     if {"engine", "request"} & set(runs):
         run_engine(model, tokenizer, workload[: args.slots], args.slots, args.budget,
                    quantization=args.quantization)  # warm-up

@@ -124,6 +124,8 @@ PREFILL = [(0, 512), (512, 512), (1024, 256)]  # a cold 1,280-token prompt in ch
 def run_native_vs_previous(model, repeats: int = 9) -> dict:
     if native_linear.kernel() is None:
         return {"error": f"native kernel {native_linear.describe()}"}
+    if model.dtype != torch.bfloat16:
+        return {"error": f"the model runs {model.dtype}; the native kernel is for bfloat16 (--dtype bfloat16)"}
     runners = {}
     for name, on, invariant in (("native", True, True), ("previous", False, True), ("native, invariance off", True, False)):
         with native(on):
