@@ -19,7 +19,7 @@ namespace {
 
 constexpr int64_t kCols = 16;        // output columns a block (one zmm of float32)
 constexpr int64_t kGroup = 4;        // blocks computed together (weight loads reuse the row broadcasts)
-constexpr int64_t kRows = 4;         // rows computed together by the AVX512 kernel
+constexpr int64_t kRows = 6;         // rows computed together by the AVX512 kernel (24 accumulators)
 constexpr int64_t kTileRows = 16;    // AMX: rows a tile
 constexpr int64_t kTileK = 32;       // AMX: K a tile dot product
 
@@ -69,7 +69,9 @@ TileFn tile_for(int64_t rows, int64_t blocks) {
     case 1: return tile_for_blocks<1>(blocks);
     case 2: return tile_for_blocks<2>(blocks);
     case 3: return tile_for_blocks<3>(blocks);
-    default: return tile_for_blocks<4>(blocks);
+    case 4: return tile_for_blocks<4>(blocks);
+    case 5: return tile_for_blocks<5>(blocks);
+    default: return tile_for_blocks<6>(blocks);
   }
 }
 
