@@ -75,14 +75,14 @@ def test_closed_loop_in_process_keeps_users_busy_and_counts_every_token():
 
 
 def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
-    from tritonllm.kernels import native_linear
+    from tritonllm.kernels import native
 
     out = tmp_path / "bench.json"
     assert benchmark.main(["--model", "tiny", "--dtype", "bfloat16", "--only", "linears", "native",
                            "--json", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"linears", "native"}
-    if native_linear.kernel() is None:  # no AVX512-BF16 here, or the switch off: said, not timed
+    if native.kernel() is None:  # no AVX512-BF16 here, or the switch off: said, not timed
         assert all("error" in r and "native kernel off" in r["error"] for r in results.values())
         return
     linears, steps = results["linears"], results["native"]

@@ -16,11 +16,21 @@ import torch.nn.functional as F
 from tritonllm.engine.decode_attention import DecodeAttention, group_rows, min_keys
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.engine.llm_engine import LLMEngine
+from tritonllm.kernels import native
 from tritonllm.kernels.paged_attention import available
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
 
 CPU = torch.device("cpu")
+NATIVE = native.kernel() is not None  # CPU-dependent (AVX512-BF16), and built by ./setup.sh
+KERNELS = ["native", "numba"] if NATIVE else ["numba"]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    """Each test on the native kernel (a bf16 pool, where it runs) and on the Numba kernel."""
+    monkeypatch.setenv(native.SWITCH_ENV, "1" if request.param == "native" else "0")
+    return request.param
 
 
 def test_a_row_needs_the_fewest_keys_that_give_it_the_same_bits_in_any_call():
@@ -79,6 +89,9 @@ def check_rows(lengths: list[int], offset: int, dtype=torch.float32, same_sequen
     attention = DecodeAttention(rows, lengths, tables, cache, kv_heads, 0.25, CPU, heads // kv_heads, dim,
                                 dtype, paged=paged)
     out = attention(q, 0)
+    if paged:  # the kernel that ran: native for a bf16 pool of a shape it has, where it runs
+        assert (attention.paged.native is not None) == (native.kernel() is not None and dtype == torch.bfloat16
+                                                        and native.kernel().paged_decode_supports(heads // kv_heads, dim))
     assert out.dtype == dtype
     assert out.shape == (len(lengths), heads, dim)
     for i, (n, table) in enumerate(zip(lengths, tables)):
@@ -115,7 +128,7 @@ def test_each_row_attends_over_its_own_keys_only_in_flash_calls():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_row_attends_over_its_own_keys_only_through_its_block_table(dtype):
+def test_each_row_attends_over_its_own_keys_only_through_its_block_table(dtype, kernel):
     """The paged kernel (CPU, bf16 and float32): rows of any length, in any blocks, at home or not."""
     assert available(dtype, CPU)
     check_rows([32, 7, 1600, 1, 40], offset=0, dtype=dtype, paged=True)
@@ -124,9 +137,39 @@ def test_each_row_attends_over_its_own_keys_only_through_its_block_table(dtype):
     check_rows([50, 90, 150, 160, 70, 1700, 64], offset=3, dtype=dtype, home=[2, 0, 4, 3, 1, 7], paged=True)
     # the bundled model's heads: 9 query heads on 3 KV heads of 64
     check_rows([130, 64, 65, 900], offset=1, dtype=dtype, paged=True, heads=9, kv_heads=3, dim=64)
+    # the native kernel's other shapes: 1 to 8 query heads a KV head, dim 128, lengths about 16 keys
+    for group in (1, 2, 5, 8):
+        check_rows([15, 16, 17, 33, 1], offset=0, dtype=dtype, paged=True, heads=2 * group, kv_heads=2, dim=128)
 
 
-def test_a_paged_rows_bits_do_not_depend_on_the_other_rows():
+@pytest.mark.skipif(not NATIVE, reason=f"native kernels {native.describe()}")
+def test_the_native_kernel_refuses_what_it_cannot_read():
+    from tritonllm.kernels.numba_helpers import as_numpy
+
+    pool = as_numpy(torch.zeros(2, 4, 16, 64, dtype=torch.bfloat16))
+    q, out = torch.zeros(1, 1, 3, 64).numpy(), torch.zeros(1, 192).numpy()
+    rows, order = torch.zeros(1, dtype=torch.int64).numpy(), torch.zeros(1, dtype=torch.int64).numpy()
+
+    def call(tables, lengths, q=q, out=out, pool=pool):
+        native.kernel().paged_decode(q, pool, torch.tensor(tables).numpy(), torch.tensor(lengths).numpy(), order,
+                                     0.125, out, rows)
+
+    call([[3, 0]], [20])  # fine
+    with pytest.raises(RuntimeError, match="row 0 has 40 keys, its table holds 32"):
+        call([[3, 0]], [40])
+    with pytest.raises(RuntimeError, match="block 9 of row 0 is not in the pool"):
+        call([[9, 0]], [5])
+    with pytest.raises(RuntimeError, match="no kernel for 3 query heads a KV head of dim 32"):
+        call([[3, 0]], [5], q=torch.zeros(1, 1, 3, 32).numpy(), out=torch.zeros(1, 96).numpy(),
+             pool=as_numpy(torch.zeros(2, 4, 16, 32, dtype=torch.bfloat16)))
+    with pytest.raises(RuntimeError, match="the pool's shape does not fit q"):
+        call([[3, 0]], [5], q=torch.zeros(1, 2, 3, 64).numpy())
+    with pytest.raises(RuntimeError, match="out must be"):
+        call([[3, 0]], [5], out=torch.zeros(1, 100).numpy())
+    assert not native.kernel().paged_decode_supports(3, 32) and native.kernel().paged_decode_supports(3, 64)
+
+
+def test_a_paged_rows_bits_do_not_depend_on_the_other_rows(kernel):
     """bf16, the bundled model's heads: a row alone == the same row beside 1..20 others of any
     length, at any place among them (bit for bit)."""
     rng = random.Random(5)

@@ -4,7 +4,7 @@ A row's result must not depend on how many rows share the call (batch invariance
 for every linear shape of the bundled model, in bfloat16 (the native kernel where the CPU has
 AVX512-BF16, and with it off: oneDNN prepacked where oneDNN runs bf16, plain `F.linear` on an AVX2-only
 CPU) and with int8 weights; float32 stays plain `F.linear`, the model's own kernel. The native kernel's
-own tests: test_native_linear.py.
+own tests: test_native.py.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import native_linear
+from tritonllm.kernels import native
 from tritonllm.kernels.linear import NativeWeight, PackedWeight, linear, nbytes, prepare, prepack_enabled
 from tritonllm.kernels.quantization import Int8Weight
 from tritonllm.model_files import prepare_bundled
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 32, 64, 257)
 ONEDNN_BF16 = prepack_enabled(torch.bfloat16, torch.device("cpu"))  # CPU-dependent (cpu_isa.py)
-NATIVE = native_linear.kernel() is not None  # CPU-dependent (AVX512-BF16), and built by ./setup.sh
+NATIVE = native.kernel() is not None  # CPU-dependent (AVX512-BF16), and built by ./setup.sh
 needs_onednn_bf16 = pytest.mark.skipif(not ONEDNN_BF16, reason="this CPU has no oneDNN bf16 (AVX2 only): F.linear")
 
 
@@ -31,14 +31,14 @@ def path(request, monkeypatch):
     """The bf16 path: the native kernel, or with it off (TRITONLLM_NATIVE_KERNELS=0) linear.py's other."""
     if request.param == "native" and not NATIVE:
         pytest.skip("no native kernel here: the CPU has no AVX512-BF16")
-    monkeypatch.setenv(native_linear.SWITCH_ENV, "1" if request.param == "native" else "0")
+    monkeypatch.setenv(native.SWITCH_ENV, "1" if request.param == "native" else "0")
     return request.param
 
 
 @pytest.fixture
 def previous_path(monkeypatch):
     """linear.py's paths with the native kernel off (oneDNN prepacked where oneDNN runs bf16)."""
-    monkeypatch.setenv(native_linear.SWITCH_ENV, "0")
+    monkeypatch.setenv(native.SWITCH_ENV, "0")
 
 
 def bundled_linear_shapes() -> dict[str, tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""The native bf16 linear (kernels/native_linear.py, native/bf16_linear.cpp): its values, its
+"""The native bf16 linear (kernels/native.py, native/bf16_linear.cpp): its values, its
 invariance by construction on both of its paths (AVX512-BF16 and AMX tiles), and how it is chosen.
 
 The kernel runs only on a CPU with AVX512-BF16 (AMX where the CPU has it); elsewhere those tests are
@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import cpu_isa, linear, native_linear
+from tritonllm.kernels import cpu_isa, linear, native
 
-KERNEL = native_linear.kernel()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"native kernel {native_linear.describe()}")
+KERNEL = native.kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"native kernel {native.describe()}")
 PATHS = ["avx512"] + (["amx"] if "amx_bf16" in cpu_isa.cpu_flags() else [])
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 576), (16, 32), (48, 96)]  # (out, in)
 
@@ -82,9 +82,9 @@ def test_prepare_picks_the_kernel_where_it_fits_and_the_switch_turns_it_off(monk
     assert torch.equal(linear.linear(x, prepared, bias), KERNEL.linear(x, prepared.packed, bias, prepared.amx))
     assert not isinstance(linear.prepare(weights(24, 64)[0], "none", 8), linear.NativeWeight)  # out % 16
     assert not isinstance(linear.prepare(weight.float(), "none", 8), linear.NativeWeight)  # float32: F.linear
-    monkeypatch.setenv(native_linear.SWITCH_ENV, "0")
+    monkeypatch.setenv(native.SWITCH_ENV, "0")
     assert not isinstance(linear.prepare(weight, "none", 8), linear.NativeWeight)
-    assert native_linear.describe().startswith("off")
+    assert native.describe().startswith("off")
 
 
 def test_the_kernel_follows_the_cpu_and_the_isa_cap(monkeypatch):
@@ -92,52 +92,52 @@ def test_the_kernel_follows_the_cpu_and_the_isa_cap(monkeypatch):
     for cap, runs in (("", True), ("AVX512_CORE_BF16", True), ("AVX512_CORE_AMX", True), ("AVX512_CORE", False),
                       ("AVX2", False)):
         monkeypatch.setenv(cpu_isa.ISA_ENV, cap)
-        assert native_linear.cpu_runs_it() is runs, cap
+        assert native.cpu_runs_it() is runs, cap
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: ["avx2", "fma"])
     monkeypatch.delenv(cpu_isa.ISA_ENV)
-    assert not native_linear.cpu_runs_it() and native_linear.kernel() is None
+    assert not native.cpu_runs_it() and native.kernel() is None
 
 
 def test_a_kernel_not_built_is_said_once_and_the_previous_path_runs(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("TRITONLLM_CACHE", str(tmp_path))
-    monkeypatch.setenv(native_linear.SWITCH_ENV, "1")
-    native_linear._loaded.cache_clear()
+    monkeypatch.setenv(native.SWITCH_ENV, "1")
+    native._loaded.cache_clear()
     try:
-        with caplog.at_level(logging.INFO, logger=native_linear.__name__):
-            assert native_linear._loaded() is None and native_linear._loaded() is None
+        with caplog.at_level(logging.INFO, logger=native.__name__):
+            assert native._loaded() is None and native._loaded() is None
         assert [r.getMessage() for r in caplog.records if "not built" in r.getMessage()].__len__() == 1
-        if native_linear.cpu_runs_it():
-            assert native_linear.describe() == "off (not built)"
+        if native.cpu_runs_it():
+            assert native.describe() == "off (not built)"
             assert not isinstance(linear.prepare(weights(96, 64)[0], "none", 8), linear.NativeWeight)
     finally:
-        native_linear._loaded.cache_clear()
+        native._loaded.cache_clear()
 
 
 def test_the_build_names_its_source_and_torch():
-    name = native_linear.module_name()
-    assert name.startswith("tritonllm_bf16_linear_") and native_linear.build_dir().name == name
-    assert native_linear.SOURCE.exists()
+    name = native.module_name()
+    assert name.startswith("tritonllm_native_") and native.build_dir().name == name
+    assert all(source.exists() for source in native.SOURCES)
 
 
 def test_a_kernel_that_cannot_load_leaves_the_previous_path(monkeypatch, caplog):
     """As in an image whose package lacks the source: said once, never a model that fails to load."""
-    monkeypatch.setattr(native_linear, "SOURCE", native_linear.SOURCE.with_name("missing.cpp"))
-    native_linear._loaded.cache_clear()
+    monkeypatch.setattr(native, "SOURCES", native.SOURCES + (native.SOURCES[0].with_name("missing.cpp"),))
+    native._loaded.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger=native_linear.__name__):
-            assert native_linear._loaded() is None
+        with caplog.at_level(logging.WARNING, logger=native.__name__):
+            assert native._loaded() is None
         assert any("missing.cpp" in r.getMessage() for r in caplog.records)
         assert not isinstance(linear.prepare(weights(96, 64)[0], "none", 8), linear.NativeWeight)
     finally:
-        native_linear._loaded.cache_clear()
+        native._loaded.cache_clear()
 
 
-@pytest.mark.skipif(not native_linear.cpu_runs_it(), reason="no AVX512-BF16: the kernel is not for this CPU")
+@pytest.mark.skipif(not native.cpu_runs_it(), reason="no AVX512-BF16: the kernel is not for this CPU")
 def test_setup_built_the_kernel_where_the_cpu_runs_it():
     # a build that failed quietly would otherwise only show as the other tests here skipping
     import shutil
 
     if not shutil.which("c++"):
         pytest.fail("this CPU runs the native kernel but there is no C++ compiler to build it")
-    assert native_linear._library().exists(), f"not built: {native_linear._library()}; ./setup.sh builds it"
-    assert native_linear._loaded() is not None
+    assert native._library().exists(), f"not built: {native._library()}; ./setup.sh builds it"
+    assert native._loaded() is not None

@@ -21,7 +21,7 @@ import torch
 
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.kernels import linear as linear_module
-from tritonllm.kernels import native_linear
+from tritonllm.kernels import native
 
 ROWS = (1, 8, 32, 128, 512)
 TILE = linear_module.TILE_ROWS
@@ -29,15 +29,15 @@ TILE = linear_module.TILE_ROWS
 
 @contextlib.contextmanager
 def native(on: bool):
-    old = os.environ.get(native_linear.SWITCH_ENV)
-    os.environ[native_linear.SWITCH_ENV] = "1" if on else "0"
+    old = os.environ.get(native.SWITCH_ENV)
+    os.environ[native.SWITCH_ENV] = "1" if on else "0"
     try:
         yield
     finally:
         if old is None:
-            del os.environ[native_linear.SWITCH_ENV]
+            del os.environ[native.SWITCH_ENV]
         else:
-            os.environ[native_linear.SWITCH_ENV] = old
+            os.environ[native.SWITCH_ENV] = old
 
 
 def memory_bandwidth() -> float:
@@ -77,15 +77,15 @@ def _previous_calls(rows: int, weight) -> list | None:
 
 
 def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
-    if native_linear.kernel() is None:
-        return {"error": f"native kernel {native_linear.describe()}"}
+    if native.kernel() is None:
+        return {"error": f"native kernel {native.describe()}"}
     runner_layer = model.model.layers[0]
     attn, mlp = runner_layer.self_attn, runner_layer.mlp
     shapes = {"qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
               "o": attn.o_proj.weight, "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
               "down": mlp.down_proj.weight, "lm_head": model.lm_head.weight}
     bandwidth = memory_bandwidth()
-    out = {"t_sum_gb_per_s": bandwidth / 1e9, "path": native_linear.describe(), "shapes": {}}
+    out = {"t_sum_gb_per_s": bandwidth / 1e9, "path": native.describe(), "shapes": {}}
     for name, weight in shapes.items():
         weight = weight.detach().to(torch.bfloat16)
         with native(False):
@@ -122,8 +122,8 @@ PREFILL = [(0, 512), (512, 512), (1024, 256)]  # a cold 1,280-token prompt in ch
 
 
 def run_native_vs_previous(model, repeats: int = 9) -> dict:
-    if native_linear.kernel() is None:
-        return {"error": f"native kernel {native_linear.describe()}"}
+    if native.kernel() is None:
+        return {"error": f"native kernel {native.describe()}"}
     if model.dtype != torch.bfloat16:
         return {"error": f"the model runs {model.dtype}; the native kernel is for bfloat16 (--dtype bfloat16)"}
     runners = {}
@@ -144,7 +144,7 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
     cases["prefill cold 1280"] = _timed({name: (lambda r=r: prefill(r)) for name, r in runners.items()
                                          if "off" not in name}, max(3, repeats // 2), 1)
     weight_bytes = runners["native"].weight_bytes
-    return {"path": native_linear.describe(), "weight_bytes": weight_bytes, "t_sum_gb_per_s": memory_bandwidth() / 1e9,
+    return {"path": native.describe(), "weight_bytes": weight_bytes, "t_sum_gb_per_s": memory_bandwidth() / 1e9,
             "cases": cases}
 
 

@@ -114,7 +114,7 @@ class DecodeAttention:
         self.rows = torch.tensor(rows, device=device)
         if paged is None:
             paged = available(dtype, device)
-        self.paged = PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling) if paged else None
+        self.paged = PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling, dtype) if paged else None
         if self.paged is not None:
             return
         warn_experimental(device, dtype)

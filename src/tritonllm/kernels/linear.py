@@ -14,7 +14,7 @@
     own of a whole number of TILE_ROWS (a partial tile padded), where a row gets the same bits wherever
     it sits; consecutive tiles share a call of up to `tile_rows` rows, found per weight at load
     (`_tile_rows`), as longer calls are faster.
-- bfloat16 on a CPU with AVX512-BF16, first: the native kernel (native_linear.py), AMX tiles where
+- bfloat16 on a CPU with AVX512-BF16, first: the native kernel (native.py, native/bf16_linear.cpp), AMX tiles where
   `cpu_isa.amx_enabled()`; a row's bits never depend on the call, so it needs no cutting.
 - int8 (`quantization: int8`): weight-only int8 (quantization.py).
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to the
@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import cpu_isa, native_linear
+from tritonllm.kernels import cpu_isa, native
 from tritonllm.kernels.quantization import Int8Weight
 
 
@@ -48,7 +48,7 @@ class PackedWeight:
 
 @dataclass(frozen=True)
 class NativeWeight:
-    """A bf16 weight packed for the native kernel (native_linear.py)."""
+    """A bf16 weight packed for the native kernel (native.py, native/bf16_linear.cpp)."""
 
     packed: torch.Tensor
     nbytes: int
@@ -56,6 +56,7 @@ class NativeWeight:
     multiply: Callable  # the kernel's linear(x, packed, bias, amx)
 
 
+NATIVE_COLUMNS, NATIVE_DEPTH = 16, 32  # the native kernel's block of output columns; AMX's K a step
 AMX_ROW_BLOCK = 32  # with AMX, calls of at most this many rows give each row its lone bits (measured)
 TILE_ROWS = 64  # with AMX, a call of more than AMX_ROW_BLOCK rows runs a multiple of this many
 TILE_CALL_ROWS = (192, 128)  # the longer calls of prompt tiles tried at load, longest first
@@ -119,13 +120,18 @@ def prepack_enabled(dtype: torch.dtype, device: torch.device) -> bool:
             and cpu_isa.onednn_runs(str(dtype).removeprefix("torch.")))
 
 
+def native_fits(shape) -> bool:
+    """The native kernel takes (out, in) weights with out a multiple of 16 and in of 32."""
+    return len(shape) == 2 and shape[0] % NATIVE_COLUMNS == 0 and shape[1] % NATIVE_DEPTH == 0
+
+
 def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
     """The form of `weight` (out, in) that `linear` multiplies fastest here."""
     weight = weight.detach()
     if quantization == "int8":
         return Int8Weight.of(weight)
-    if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_linear.fits(weight.shape)
-            and (kernel := native_linear.kernel()) is not None):
+    if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_fits(weight.shape)
+            and (kernel := native.kernel()) is not None):
         return NativeWeight(kernel.pack(weight), weight.numel() * weight.element_size(), cpu_isa.amx_enabled(),
                             kernel.linear)
     if prepack_enabled(weight.dtype, weight.device):

@@ -1,5 +1,9 @@
 """Decode attention on CPU read straight from the paged KV pool: one compiled loop per (row, KV head).
 
+A bf16 pool on a CPU with AVX512-BF16 goes to the native kernel (native/paged_decode.cpp: the same
+tasks, scored 16 keys a time with `vdpbf16ps` and no horizontal sum per key); this Numba kernel
+runs float32, other CPUs and `TRITONLLM_NATIVE_KERNELS=0`.
+
 PyTorch has no CPU kernel for attention over a block table: its flash kernel wants each row's
 keys in one strided run (so rows had to be gathered or kept in lanes), pays a fixed cost per
 (row, head) task that dwarfs a decode row's work (32 rows x 128 keys: ~0.8 ms a layer, 5 GB/s),
@@ -30,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tritonllm.kernels import native
 from tritonllm.kernels.numba_helpers import as_numpy, numba
 
 if numba is not None:
@@ -123,7 +128,7 @@ def warm_up(dtype: torch.dtype) -> None:
     """Compile (or load from Numba's cache) the kernel for a pool of `dtype` now, not in the first
     request's step (3-5 s to compile here, ~0.2 s to load)."""
     pool = as_numpy(torch.zeros(2, 2, 16, 16, dtype=dtype))
-    decode = PagedDecode([1], [[1]], 1, 1, 16, 1.0)
+    decode = PagedDecode([1], [[1]], 1, 1, 16, 1.0, dtype)
     decode(torch.zeros(1, 1, 16, dtype=dtype), pool)  # results in float32 (the PyTorch path's)
     if dtype == torch.bfloat16:  # and rounded into a bf16 buffer (layer_kernels.py's path)
         decode.run(np.zeros((1, 1, 1, 16), np.float32), pool, np.zeros((1, 16), np.uint16), decode.out_rows)
@@ -133,7 +138,7 @@ class PagedDecode:
     """Made once per step for its decode rows; `__call__` runs one layer's attention for them."""
 
     def __init__(self, lengths: list[int], tables: list[list[int]], num_kv_heads: int, group: int,
-                 head_dim: int, scaling: float):
+                 head_dim: int, scaling: float, dtype: torch.dtype):
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # this thread's
         width = max(len(t) for t in tables)
         self.tables = np.zeros((len(tables), width), np.int64)  # block 0 past a table's end: never read
@@ -147,6 +152,9 @@ class PagedDecode:
         self.out = np.empty((len(lengths), num_kv_heads * group * head_dim), np.float32)
         self.out_rows = np.arange(len(lengths), dtype=np.int64)
         self.scores = np.empty((len(lengths) * num_kv_heads, group, max(lengths)), np.float32)
+        kernel = native.kernel()
+        self.native = (kernel if dtype == torch.bfloat16 and kernel is not None
+                       and kernel.paged_decode_supports(group, head_dim) else None)
 
     def __call__(self, q: torch.Tensor, pool: np.ndarray) -> torch.Tensor:
         """q: (rows, heads, dim) of the decode rows; pool: `as_numpy` of the layer. Returns
@@ -158,6 +166,9 @@ class PagedDecode:
     def run(self, queries: np.ndarray, pool: np.ndarray, out: np.ndarray, out_rows: np.ndarray) -> None:
         """The kernel on float32 queries (rows, kv_heads, group, dim), each row's result into
         out[out_rows[row]] (float32, or bfloat16 bits: rounded)."""
+        if self.native is not None:
+            self.native.paged_decode(queries, pool, self.tables, self.lengths, self.order, self.scaling, out, out_rows)
+            return
         with numba.parallel_chunksize(1):  # tasks taken one at a time (see `order`)
             _paged_decode(queries, pool, self.tables, self.lengths, self.order, self.scaling, out, out_rows,
                           self.scores)

@@ -1,4 +1,4 @@
-// bf16 linears for CPUs with AVX512-BF16, and AMX tiles where the CPU has them (kernels/native_linear.py).
+// bf16 linears for CPUs with AVX512-BF16, and AMX tiles where the CPU has them (kernels/linear.py).
 //
 // Batch invariant by construction: every output element is one accumulator that runs over K in one
 // fixed order (pairs of K for `vdpbf16ps`, 32 of K a step for AMX's `tdpbf16ps`), whatever the number
@@ -149,7 +149,9 @@ void amx_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float
   _tile_release();
 }
 
-// ---- the ops --------------------------------------------------------------------------------------
+}  // namespace
+
+// ---- the ops (bound in module.cpp) ----------------------------------------------------------------
 
 torch::Tensor pack(const torch::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kBFloat16, "pack: a 2-d bfloat16 weight");
@@ -182,11 +184,4 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     else avx512_columns(xp, m, k, wp, bp, op, n, b0, b1);
   });
   return out;
-}
-
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "a (out, in) bfloat16 weight in VNNI blocks of 16 output columns");
-  m.def("linear", &linear, "rows (m, in) times a packed weight, plus bias; bfloat16 out");
 }

@@ -1,17 +1,19 @@
-"""The native bf16 linear (native/bf16_linear.cpp): built once, loaded where the CPU runs it.
+"""The native CPU kernels (native/*.cpp): built once, loaded where the CPU runs them.
 
-- **Where.** A CPU with AVX512-BF16 (`vdpbf16ps`); with AMX tiles (`tdpbf16ps`) where
+- **What.** The bf16 linear (bf16_linear.cpp, used by linear.py) and paged decode attention over a
+  bf16 pool (paged_decode.cpp, used by paged_attention.py), one library (module.cpp binds them).
+- **Where.** A CPU with AVX512-BF16 (`vdpbf16ps`); the linear uses AMX tiles (`tdpbf16ps`) where
   `cpu_isa.amx_enabled()` (oneDNN's `ONEDNN_MAX_CPU_ISA` switch turns both off together). An
-  AVX2-only CPU, float32 and float16 keep linear.py's other paths.
-- **Why.** Each output element is one accumulator over K in a fixed order and threads split the
-  columns, so a row gets the same bits in a call of any size and place: batch invariance costs no
-  extra calls (oneDNN needs a lone row run as two and calls of at most 32 rows with AMX). A call
-  costs a few microseconds, where oneDNN's costs ~15-20 (docs/benchmarks.md).
-- **Built** by `./setup.sh` (`python -m tritonllm.kernels.native_linear build`) with the system
-  compiler through torch's extension builder, into the cache under a hash of the source, the torch
-  version and the flags. A process never compiles: it loads the built library, or runs the previous
-  path and says why once in its log.
-- **Switch.** `TRITONLLM_NATIVE_KERNELS=0` forces the previous path (tests, A/B).
+  AVX2-only CPU, float32 and float16 keep the other paths (oneDNN, Numba).
+- **Why.** Each output element is one accumulator in a fixed order and threads split outputs or
+  tasks, never a sum, so a row gets the same bits in a call of any size and place: batch invariance
+  costs no extra calls (oneDNN needs a lone row run as two and calls of at most 32 rows with AMX). A
+  linear call costs a few microseconds, where oneDNN's costs ~15-20 (docs/benchmarks.md).
+- **Built** by `./setup.sh` (`tritonllm-kernels build`) with the system compiler through torch's
+  extension builder, into the cache under a hash of the sources, the torch version and the flags. A
+  process never compiles: it loads the built library, or runs the previous paths and says why once
+  in its log.
+- **Switch.** `TRITONLLM_NATIVE_KERNELS=0` forces the previous paths (tests, A/B).
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ from tritonllm.kernels import cpu_isa
 log = logging.getLogger(__name__)
 
 SWITCH_ENV = "TRITONLLM_NATIVE_KERNELS"
-SOURCE = Path(__file__).parent / "native" / "bf16_linear.cpp"
+SOURCES = tuple(Path(__file__).parent / "native" / name for name in ("module.cpp", "bf16_linear.cpp", "paged_decode.cpp"))
 CFLAGS = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads
-COLUMNS, DEPTH = 16, 32  # the packed weight's block of output columns; AMX's K a step
 
 
 def enabled() -> bool:
@@ -51,8 +52,9 @@ def cpu_runs_it() -> bool:
 def module_name() -> str:
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(CFLAGS).encode())
-    return "tritonllm_bf16_linear_" + digest.hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + torch.__version__.encode()
+                            + " ".join(CFLAGS).encode())
+    return "tritonllm_native_" + digest.hexdigest()[:12]
 
 
 def build_dir() -> Path:
@@ -68,17 +70,17 @@ def build() -> str:
     if _library().exists():
         return f"native kernels: {_library()} (built)"
     if not (shutil.which(os.environ.get("CXX", "c++")) and shutil.which("ninja")):
-        return "native kernels: no C++ compiler or ninja here; the engine runs linear.py's other paths"
+        return "native kernels: no C++ compiler or ninja here; the engine runs the other paths"
     from torch.utils.cpp_extension import load
 
     build_dir().mkdir(parents=True, exist_ok=True)
-    load(name=module_name(), sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
+    load(name=module_name(), sources=[str(source) for source in SOURCES], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
          build_directory=str(build_dir()), verbose=False)
     return f"native kernels: {_library()} (compiled)"
 
 
 def kernel():
-    """The kernel module where the switch is on and it loads here, else None."""
+    """The kernels' module where the switch is on and it loads here, else None."""
     return _loaded() if enabled() and cpu_runs_it() else None
 
 
@@ -89,7 +91,7 @@ def _loaded():
     try:
         library = _library()
         if not library.exists():
-            log.info("native bf16 linear off: not built (%s); ./setup.sh builds it", library)
+            log.info("native kernels off: not built (%s); ./setup.sh builds them", library)
             return None
         import torch  # noqa: F401  (the module links against torch's libraries, loaded first)
 
@@ -99,15 +101,16 @@ def _loaded():
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     except Exception as exc:  # noqa: BLE001  (any failure leaves the previous path, said once)
-        log.warning("native bf16 linear off: %s: %s", type(exc).__name__, exc)
+        log.warning("native kernels off: %s: %s", type(exc).__name__, exc)
         return None
     sys.modules[name] = mod
-    log.info("native bf16 linear loaded: %s", library)
+    log.info("native kernels loaded: %s", library)
     return mod
 
 
 def describe() -> str:
-    """What multiplies bf16 here, for reports: AMX, AVX512-BF16, or off and why."""
+    """What the native kernels run on here, for reports: AMX (the linear's tiles), AVX512-BF16, or
+    off and why."""
     if not enabled():
         return f"off ({SWITCH_ENV}=0)"
     if not cpu_runs_it():
@@ -117,15 +120,10 @@ def describe() -> str:
     return "AMX" if cpu_isa.amx_enabled() else "AVX512-BF16"
 
 
-def fits(shape) -> bool:
-    """The kernel takes (out, in) weights with out a multiple of 16 and in of 32."""
-    return len(shape) == 2 and shape[0] % COLUMNS == 0 and shape[1] % DEPTH == 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args != ["build"]:
-        print("usage: python -m tritonllm.kernels.native_linear build", file=sys.stderr)
+        print("usage: python -m tritonllm.kernels.native build", file=sys.stderr)
         return 2
     print(build())
     return 0

@@ -1,0 +1,250 @@
+// Paged decode attention over a bf16 KV pool, for CPUs with AVX512-BF16 (kernels/paged_attention.py).
+//
+// One task per (row, KV head), its query heads scored together so each key and value is read once:
+// - scores: a key's dot product with each query head is `vdpbf16ps` over the key's pairs (the
+//   queries are bf16 values: the model's own q, so rounding them to bf16 is exact), 16 keys a time;
+//   their 16 partial vectors are summed by one fixed tree of shuffles into one vector of 16 scores,
+//   so no key pays a horizontal sum of its own;
+// - softmax in float32 (a polynomial exp within 2 ulp of expf), then values accumulated with
+//   vertical FMAs, key after key;
+// - every sum runs in one fixed order that depends on the row's own length only, and tasks are
+//   taken one at a time by whichever thread is free: a row's bits never depend on the batch.
+#include <torch/extension.h>
+#include <pybind11/numpy.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+using bf16 = uint16_t;
+constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
+constexpr int64_t kAhead = 32;     // keys: how far ahead of the one it reads a task prefetches
+constexpr int kMaxGroup = 8;       // query heads a KV head
+
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// Lane i of the result is the sum of v[i]'s lanes, summed in one fixed order.
+AVX512_BF16 inline __m512 sum_each(__m512 v[16]) {
+  __m512 pairs[8], quads[4], halves[2];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: one partial of each of 4 keys, in key order
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  for (int i = 0; i < 2; ++i)  // 128-bit lanes: [q0: L0+L1, L2+L3, q1: L0+L1, L2+L3]
+    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                       _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+}
+
+// exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n).
+AVX512_BF16 inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+AVX512_BF16 inline __m512 widen(const bf16* p) {  // 16 bf16 -> float32: a shift
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+struct Task {
+  const float* q;        // (group, dim) float32
+  const bf16* keys;      // this KV head's keys in the pool
+  const bf16* values;    // and values
+  const int64_t* table;  // the row's blocks
+  int64_t n, block_size;
+  float scale;
+  float* scores;         // (group, n rounded up to 16), scratch
+  void* out;             // (group, dim): float32, or bf16 (rounded to nearest even)
+  bool out_bf16;
+};
+
+// G query heads of dim 32 C, one KV head.
+template <int G, int C>
+AVX512_BF16 void attend(const Task& t) {
+  constexpr int D = 32 * C, V = 2 * C;  // dim; float32 vectors a head
+  const int64_t n = t.n, stride = (n + kKeys - 1) / kKeys * kKeys;
+  auto key_at = [&](const bf16* base, int64_t k) {
+    return base + (t.table[k / t.block_size] * t.block_size + k % t.block_size) * D;
+  };
+  auto prefetch = [&](int64_t k) {  // key k, then value k - n; a row's blocks lie anywhere in the pool
+    if (k >= 2 * n) return;
+    const char* p = (const char*)(k < n ? key_at(t.keys, k) : key_at(t.values, k - n));
+    for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
+  };
+  for (int64_t k = 0; k < std::min(n, kAhead); ++k) prefetch(k);
+
+  __m512bh q[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c)
+      q[g][c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(t.q + g * D + 32 * c + 16), _mm512_loadu_ps(t.q + g * D + 32 * c));
+
+  __m512 partial[G][kKeys];
+  for (int64_t first = 0; first < n; first += kKeys) {
+    for (int64_t j = 0; j < kKeys; ++j) {
+      const int64_t k = first + j;
+      if (k >= n) {
+        for (int g = 0; g < G; ++g) partial[g][j] = _mm512_setzero_ps();
+        continue;
+      }
+      prefetch(k + kAhead);
+      const bf16* key = key_at(t.keys, k);
+      __m512bh kv[C];
+      for (int c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(key + 32 * c);
+      for (int g = 0; g < G; ++g) {
+        __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kv[0]);
+        for (int c = 1; c < C; ++c) acc = _mm512_dpbf16_ps(acc, q[g][c], kv[c]);
+        partial[g][j] = acc;
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      _mm512_storeu_ps(t.scores + g * stride + first, _mm512_mul_ps(sum_each(partial[g]), _mm512_set1_ps(t.scale)));
+  }
+
+  for (int g = 0; g < G; ++g) {  // softmax, in place
+    float* s = t.scores + g * stride;
+    const __mmask16 tail = (__mmask16)((1u << (n % kKeys ? n % kKeys : kKeys)) - 1);
+    __m512 peak = _mm512_set1_ps(-INFINITY);
+    for (int64_t k = 0; k < n; k += kKeys)
+      peak = _mm512_mask_max_ps(peak, k + kKeys <= n ? (__mmask16)0xFFFF : tail, peak, _mm512_loadu_ps(s + k));
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += kKeys) {
+      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + k), top));
+      _mm512_storeu_ps(s + k, e);
+      total = _mm512_mask_add_ps(total, k + kKeys <= n ? (__mmask16)0xFFFF : tail, total, e);
+    }
+    const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(total));
+    for (int64_t k = 0; k < n; k += kKeys) _mm512_storeu_ps(s + k, _mm512_div_ps(_mm512_loadu_ps(s + k), sum));
+  }
+
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < V; ++v) acc[g][v] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; ++k) {
+    prefetch(n + k + kAhead);
+    const bf16* value = key_at(t.values, k);
+    __m512 vv[V];
+    for (int v = 0; v < V; ++v) vv[v] = widen(value + 16 * v);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(t.scores[g * stride + k]);
+      for (int v = 0; v < V; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int v = 0; v < V; ++v) {
+      if (t.out_bf16)
+        _mm256_storeu_si256((__m256i*)((bf16*)t.out + g * D + 16 * v), (__m256i)_mm512_cvtneps_pbh(acc[g][v]));
+      else
+        _mm512_storeu_ps((float*)t.out + g * D + 16 * v, acc[g][v]);
+    }
+}
+
+using AttendFn = void (*)(const Task&);
+
+template <int C>
+AttendFn attend_for_group(int64_t group) {
+  switch (group) {
+    case 1: return attend<1, C>;
+    case 2: return attend<2, C>;
+    case 3: return attend<3, C>;
+    case 4: return attend<4, C>;
+    case 5: return attend<5, C>;
+    case 6: return attend<6, C>;
+    case 7: return attend<7, C>;
+    case 8: return attend<8, C>;
+    default: return nullptr;
+  }
+}
+
+AttendFn attend_for(int64_t group, int64_t dim) {
+  switch (dim) {
+    case 64: return attend_for_group<2>(group);
+    case 128: return attend_for_group<4>(group);
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+const T* data_of(const py::array& a, const char* name, int dims) {
+  TORCH_CHECK(a.ndim() == dims, "paged_decode: ", name, " must have ", dims, " dimensions, not ", a.ndim());
+  TORCH_CHECK(a.dtype().is(py::dtype::of<T>()), "paged_decode: ", name, " has the wrong dtype");
+  TORCH_CHECK(a.flags() & py::array::c_style, "paged_decode: ", name, " must be C-contiguous");
+  return static_cast<const T*>(a.data());
+}
+
+}  // namespace
+
+bool paged_decode_supports(int64_t group, int64_t dim) { return attend_for(group, dim) != nullptr; }
+
+// q (rows, kv_heads, group, dim) float32; pool (2 kv_heads, blocks, block_size, dim) bf16 bits, keys
+// then values; tables (rows, width), lengths (rows,), order (rows x kv_heads,) int64; row r's result
+// into out[out_rows[r]] (rows_out, kv_heads x group x dim), float32 or bf16 bits.
+void paged_decode(const py::array& q, const py::array& pool, const py::array& tables, const py::array& lengths,
+                  const py::array& order, float scale, py::array& out, const py::array& out_rows) {
+  const float* qp = data_of<float>(q, "q", 4);
+  const bf16* pp = data_of<uint16_t>(pool, "pool", 4);
+  const int64_t* tp = data_of<int64_t>(tables, "tables", 2);
+  const int64_t* lp = data_of<int64_t>(lengths, "lengths", 1);
+  const int64_t* op = data_of<int64_t>(order, "order", 1);
+  const int64_t* rp = data_of<int64_t>(out_rows, "out_rows", 1);
+  const int64_t rows = q.shape(0), kv_heads = q.shape(1), group = q.shape(2), dim = q.shape(3);
+  const int64_t blocks = pool.shape(1), block_size = pool.shape(2), width = tables.shape(1);
+  TORCH_CHECK(pool.shape(0) == 2 * kv_heads && pool.shape(3) == dim, "paged_decode: the pool's shape does not fit q");
+  TORCH_CHECK(tables.shape(0) == rows && lengths.shape(0) == rows && out_rows.shape(0) == rows &&
+              order.shape(0) == rows * kv_heads, "paged_decode: one table, length and out row a row");
+  TORCH_CHECK(out.ndim() == 2 && out.shape(1) == kv_heads * group * dim && (out.flags() & py::array::c_style),
+              "paged_decode: out must be (rows, heads x dim), C-contiguous");
+  const bool out_bf16 = out.dtype().is(py::dtype::of<uint16_t>());
+  TORCH_CHECK(out_bf16 || out.dtype().is(py::dtype::of<float>()), "paged_decode: out is float32 or bf16 bits");
+  const AttendFn fn = attend_for(group, dim);
+  TORCH_CHECK(fn != nullptr, "paged_decode: no kernel for ", group, " query heads a KV head of dim ", dim);
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(lp[r] >= 1 && lp[r] <= width * block_size, "paged_decode: row ", r, " has ", lp[r],
+                " keys, its table holds ", width * block_size);
+    TORCH_CHECK(rp[r] >= 0 && rp[r] < out.shape(0), "paged_decode: out row ", rp[r], " is out of range");
+    for (int64_t b = 0; b < (lp[r] + block_size - 1) / block_size; ++b)
+      TORCH_CHECK(tp[r * width + b] >= 0 && tp[r * width + b] < blocks, "paged_decode: block ", tp[r * width + b],
+                  " of row ", r, " is not in the pool");
+    longest = std::max(longest, lp[r]);
+  }
+  for (int64_t i = 0; i < rows * kv_heads; ++i)
+    TORCH_CHECK(op[i] >= 0 && op[i] < rows * kv_heads, "paged_decode: order holds a task out of range");
+  char* outp = static_cast<char*>(out.mutable_data());
+  const int64_t head_elems = blocks * block_size * dim, out_elem = out_bf16 ? 2 : 4;
+  const int64_t tasks = rows * kv_heads;
+  py::gil_scoped_release released;
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    thread_local std::vector<float> scores;
+    scores.resize(kMaxGroup * ((longest + kKeys - 1) / kKeys * kKeys));
+    for (int64_t i = next++; i < tasks; i = next++) {  // one task at a time: the longest first (see order)
+      const int64_t task = op[i], r = task / kv_heads, h = task % kv_heads;
+      const Task t{qp + task * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
+                   tp + r * width, lp[r], block_size, scale, scores.data(),
+                   outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem, out_bf16};
+      fn(t);
+    }
+  });
+}
