@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One idempotent setup: .venv with pinned dependencies, the project installed editable,
-# the bundled SmolLM2 converted once, the tiny test model made once, the native kernel built once.
+# the bundled SmolLM2 converted once, the tiny test model made once, the native kernels built once.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}

@@ -1,4 +1,4 @@
-"""The native bf16 linear against the path it replaces, side by side in one process
+"""The native kernels against the paths they replace, side by side in one process
 (`tritonllm-bench-engine --only linears native`):
 
 - linears: each matmul shape of the model at 1-512 rows, the native kernel against linear.py's
@@ -6,7 +6,8 @@
   of the AMX row block, more than 32 rows as prompt tiles); microseconds, GB/s of weights against
   this machine's `t.sum()` over 1 GiB, and TFLOP/s;
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
-  kernel and with it off (TRITONLLM_NATIVE_KERNELS=0), and the native runner with batch invariance
+  kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), the native linear with the Numba paged
+  attention (what the native attention buys), and the native runner with batch invariance
   off, alternating in one process.
 """
 
@@ -28,7 +29,7 @@ TILE = linear_module.TILE_ROWS
 
 
 @contextlib.contextmanager
-def native(on: bool):
+def native_kernels(on: bool):
     old = os.environ.get(native.SWITCH_ENV)
     os.environ[native.SWITCH_ENV] = "1" if on else "0"
     try:
@@ -88,9 +89,9 @@ def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
     out = {"t_sum_gb_per_s": bandwidth / 1e9, "path": native.describe(), "shapes": {}}
     for name, weight in shapes.items():
         weight = weight.detach().to(torch.bfloat16)
-        with native(False):
+        with native_kernels(False):
             previous = linear_module.prepare(weight, "none", 8)
-        with native(True):
+        with native_kernels(True):
             mine = linear_module.prepare(weight, "none", 8)
         nbytes = weight.numel() * 2
         for m in rows:
@@ -117,7 +118,7 @@ def print_linears(r: dict) -> None:
               f"{c['native_tflop_per_s']:6.3f} / {c['previous_tflop_per_s']:6.3f}", flush=True)
 
 
-DECODE = {"8 x 32": [32] * 8, "32 x 128": [128] * 32}
+DECODE = {"8 x 32": [32] * 8, "32 x 128": [128] * 32, "32 x 600": [600] * 32}
 PREFILL = [(0, 512), (512, 512), (1024, 256)]  # a cold 1,280-token prompt in chunks of 512
 
 
@@ -128,8 +129,11 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
         return {"error": f"the model runs {model.dtype}; the native kernel is for bfloat16 (--dtype bfloat16)"}
     runners = {}
     for name, on, invariant in (("native", True, True), ("previous", False, True), ("native, invariance off", True, False)):
-        with native(on):
+        with native_kernels(on):
             runners[name] = ModelRunner(model, 32, 2048, batch_invariant=invariant)
+    with native_kernels(True):  # the native linear with the Numba paged attention: what the native attention buys
+        runners["Numba attention"] = ModelRunner(model, 32, 2048)
+        runners["Numba attention"].native_attention = False
     ids = [(100 + i) % model.config.vocab_size for i in range(1280)]
 
     def prefill(runner):
@@ -142,14 +146,14 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
         t = _timed({name: (lambda r=r: r.decode_ceiling_step(lengths)) for name, r in runners.items()}, repeats, 3)
         cases[f"decode {case}"] = t
     cases["prefill cold 1280"] = _timed({name: (lambda r=r: prefill(r)) for name, r in runners.items()
-                                         if "off" not in name}, max(3, repeats // 2), 1)
+                                         if name in ("native", "previous")}, max(3, repeats // 2), 1)
     weight_bytes = runners["native"].weight_bytes
     return {"path": native.describe(), "weight_bytes": weight_bytes, "t_sum_gb_per_s": memory_bandwidth() / 1e9,
             "cases": cases}
 
 
 def print_native_vs_previous(r: dict) -> None:
-    print(f"runner steps, native bf16 linear ({r['path']}) against it off, alternating:")
+    print(f"runner steps, native kernels ({r['path']}) against them off, alternating:")
     for case, t in r["cases"].items():
         extra = "".join(f"  | {name} {s * 1e3:.1f} ms ({s / t['native']:.2f}x native)" for name, s in t.items()
                         if name not in ("native", "previous"))

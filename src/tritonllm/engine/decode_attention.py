@@ -106,15 +106,17 @@ class DecodeAttention:
 
     def __init__(self, rows: list[int], lengths: list[int], tables: list[list[int]], cache: PagedKVCache,
                  num_kv_heads: int, scaling: float, device: torch.device, group: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, paged: bool | None = None):
+                 dtype: torch.dtype = torch.float32, paged: bool | None = None, use_native: bool | None = None):
         """rows: each row's index among the step's tokens; lengths: its keys (its own included);
         tables: its sequence's block table; group: query heads per KV head; dtype: the queries';
-        paged: read the pool through the tables with paged_attention.py (None: where it runs)."""
+        paged: read the pool through the tables with paged_attention.py (None: where it runs);
+        use_native: its native kernel (see PagedDecode)."""
         self.cache, self.num_kv_heads, self.scaling = cache, num_kv_heads, scaling
         self.rows = torch.tensor(rows, device=device)
         if paged is None:
             paged = available(dtype, device)
-        self.paged = PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling, dtype) if paged else None
+        self.paged = (PagedDecode(lengths, tables, num_kv_heads, group, head_dim, scaling, dtype, use_native)
+                      if paged else None)
         if self.paged is not None:
             return
         warn_experimental(device, dtype)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from tritonllm.kernels import layer_kernels, paged_attention, prefill_attention
+from tritonllm.kernels import layer_kernels, native, paged_attention, prefill_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.kernels.linear import Call, call_ranges, linear, nbytes, prepare
@@ -131,6 +131,7 @@ class ModelRunner:
                                   lane_blocks=self.blocks_per_slot)
         # Decode rows through paged_attention.py where it runs, else PyTorch's flash kernel (benchmarks set it).
         self.paged_decode = paged_attention.available(self.dtype, self.device)
+        self.native_attention = native.kernel() is not None  # fixed at load, as the linears' choice is
         if self.paged_decode:
             paged_attention.warm_up(self.dtype)
         # Whole prompt tiles share attention calls only where that keeps their bits here (checked once).

@@ -75,7 +75,7 @@ class TorchOps:
         self.decodes = (DecodeAttention(layout.decode_rows, layout.decode_lengths, layout.decode_tables, runner.cache,
                                         runner.num_kv_heads, runner.scaling, dev,
                                         runner.num_heads // runner.num_kv_heads, runner.head_dim, runner.dtype,
-                                        runner.paged_decode)
+                                        runner.paged_decode, runner.native_attention)
                         if layout.decode_rows else None)
         self.prefill = PrefillRows(runner, layout)
 
@@ -118,7 +118,8 @@ class KernelOps:
         self.decode_of[self.decode_rows] = np.arange(len(self.decode_rows))
         self.q_decode = np.empty((len(self.decode_rows), width), np.float32)
         self.paged = (PagedDecode(layout.decode_lengths, layout.decode_tables, r.num_kv_heads,
-                                  r.num_heads // r.num_kv_heads, r.head_dim, r.scaling, r.dtype)
+                                  r.num_heads // r.num_kv_heads, r.head_dim, r.scaling, r.dtype,
+                                  r.native_attention)
                       if layout.decode_rows else None)
         self.prefill = PrefillRows(runner, layout)
         # Buffers reused by every layer: each is read by the next matmul before it is written again.

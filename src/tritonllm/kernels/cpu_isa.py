@@ -8,6 +8,9 @@ The paths whose speed or bits depend on the CPU, each decided where it runs:
 - prefill_attention.py, whole prompt tiles sharing one flash-attention call: checked at load for
   the model's head shape (`shared_calls_keep_bits`), on every CPU; PyTorch's CPU flash kernel
   blocks by the call's shape and, with AMX, packs its keys for tile dot products.
+- native.py's C++ kernels (the bf16 linear, paged decode attention over a bf16 pool): only where
+  the CPU has AVX512-BF16, the linear's AMX tiles only where `amx_enabled()`; each computes a row
+  in a fixed order whatever the batch; `TRITONLLM_NATIVE_KERNELS=0` turns them off.
 - Numba kernels (layer_kernels.py, paged_attention.py) are compiled for the host CPU; they compute
   every row by itself, so bits may differ between CPUs but never between batches on one CPU.
 

@@ -138,7 +138,9 @@ class PagedDecode:
     """Made once per step for its decode rows; `__call__` runs one layer's attention for them."""
 
     def __init__(self, lengths: list[int], tables: list[list[int]], num_kv_heads: int, group: int,
-                 head_dim: int, scaling: float, dtype: torch.dtype):
+                 head_dim: int, scaling: float, dtype: torch.dtype, use_native: bool | None = None):
+        """use_native: a bf16 pool to native/paged_decode.cpp where it has the shape (None: where the
+        native kernels load now; a runner fixes it at its load)."""
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # this thread's
         width = max(len(t) for t in tables)
         self.tables = np.zeros((len(tables), width), np.int64)  # block 0 past a table's end: never read
@@ -152,7 +154,7 @@ class PagedDecode:
         self.out = np.empty((len(lengths), num_kv_heads * group * head_dim), np.float32)
         self.out_rows = np.arange(len(lengths), dtype=np.int64)
         self.scores = np.empty((len(lengths) * num_kv_heads, group, max(lengths)), np.float32)
-        kernel = native.kernel()
+        kernel = native.kernel() if use_native is not False else None
         self.native = (kernel if dtype == torch.bfloat16 and kernel is not None
                        and kernel.paged_decode_supports(group, head_dim) else None)
 

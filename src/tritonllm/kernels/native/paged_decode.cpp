@@ -24,7 +24,7 @@ namespace {
 
 using bf16 = uint16_t;
 constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
-constexpr int64_t kAhead = 32;     // keys: how far ahead of the one it reads a task prefetches
+constexpr int64_t kAhead = 128;    // keys: how far ahead of the one it reads a task prefetches
 constexpr int kMaxGroup = 8;       // query heads a KV head
 
 #define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
