@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,7 +13,9 @@ from tritonllm.engine.llm_engine import LLMEngine
 from tritonllm.engine.model_loader import load_model
 from tritonllm.engine.sampling_params import SamplingParams
 from tritonllm.engine.scheduler import SchedulerConfig
-from tritonllm.engine.structured_output import SAFE_INTEGER, parse_spec, strict_schema
+from tritonllm.engine.sampler import closes_now
+from tritonllm.engine.sequence import Sequence
+from tritonllm.engine.structured_output import CLOSING_MARGIN, SAFE_INTEGER, Closing, parse_spec, strict_schema
 from tritonllm.errors import RequestError
 
 CONFIG = {"max_num_seqs": 4, "max_model_len": 256, "max_num_batched_tokens": 128}
@@ -55,12 +58,50 @@ def test_constrained_answers_match_their_spec_and_end_with_the_grammar(engine):
              ({"json_object": True}, lambda t: isinstance(json.loads(t), dict))]
     outs = engine.generate(["hello"] * len(specs), [SamplingParams(max_tokens=64, temperature=0, structured_outputs=s)
                                                      for s, _ in specs])
-    for (spec, check), out in zip(specs, outs):
-        if out.finish_reason == "stop":  # the random model may run on inside a string until max_tokens
-            assert check(out.text), (spec, out.text)
-        else:
-            assert out.finish_reason == "length" and len(out.token_ids) == 64, (spec, out)
-    assert [o.finish_reason for o in outs[1:4]] == ["stop"] * 3  # bounded specs always end
+    for (spec, check), out in zip(specs, outs):  # the random model writes on inside strings: closing ends them
+        assert out.finish_reason == "stop" and check(out.text), (spec, out.text)
+
+
+def test_an_answer_closes_before_max_tokens_would_cut_it_off(engine):
+    spec = {"json": {"type": "object", "properties": {"note": {"type": "string"}, "tags": {"type": "array", "items": {
+        "type": "string"}}}, "required": ["note", "tags"]}}
+    for max_tokens in (12, 24, 40):
+        out = engine.generate(["hello"], SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=max_tokens,
+                                                        structured_outputs=spec))[0]
+        assert out.finish_reason == "stop" and len(out.token_ids) <= max_tokens, (max_tokens, out)
+        assert set(json.loads(out.text)) == {"note", "tags"}, out.text
+    _, closing = engine.grammars.start(parse_spec(spec))
+    assert closing.reserve > CLOSING_MARGIN  # `{"note": "", "tags": []}` takes tokens
+
+
+def test_closing_prefers_eos_then_the_first_closing_token_then_the_grammar():
+    closing = Closing(reserve=10, closers=np.array([2, 1]), eos=(4,))
+    assert closing.narrow(np.array([True, True, False, True, True])).tolist() == [False, False, False, False, True]
+    assert closing.narrow(np.array([True, True, True, True, False])).tolist() == [False, False, True, False, False]
+    assert closing.narrow(np.array([True, True, False, True, False])).tolist() == [False, True, False, False, False]
+    assert closing.narrow(np.array([True, False, False, True, False])).tolist() == [True, False, False, True, False]
+
+
+def test_closing_tokens_are_ranked_quote_bracket_brace(tiny_model):
+    from tritonllm.engine.structured_output import GrammarCompiler
+
+    _, tokenizer = tiny_model
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    _, closing = compiler.start(("regex", "a"))
+    texts = [tokenizer.decode([t]) for t in closing.closers]
+    assert texts[0] == '"' and set("".join(texts)) <= set('"]}') and texts.index("]") < texts.index("}")
+
+
+def test_closing_waits_for_the_reserve_and_never_with_ignore_eos_or_before_min_tokens():
+    closing = Closing(reserve=5, closers=np.array([1]), eos=(2,))
+
+    def row(made, **params):
+        seq = Sequence("r", [1], SamplingParams(max_tokens=20, **params))
+        seq.output_ids, seq.closing = [0] * made, closing
+        return closes_now(seq)
+
+    assert [row(made) for made in (14, 15, 19)] == [False, True, True]
+    assert not row(18, ignore_eos=True) and not row(16, min_tokens=17) and row(17, min_tokens=17)
 
 
 def test_a_bad_spec_is_refused_when_added_never_in_a_step(engine):

@@ -102,7 +102,7 @@ class LLMEngine:
         seq.detokenizer = OutputText(self.tokenizer, params.stop, params.skip_special_tokens)
         seq.generator = None if params.greedy else Sampler.make_generator(params.seed, self.runner.device)
         if params.structured_outputs is not None:  # compiled here, in the caller's thread, never in a step
-            seq.matcher = self.grammars.matcher(params.structured_outputs)
+            seq.matcher, seq.closing = self.grammars.start(params.structured_outputs)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [TokenLogprobs(prompt_ids[0], None)]  # the first prompt token has no context
         self._on_add(seq, prompt)

@@ -5,9 +5,9 @@ request with a seed gives the same text whatever else shares the batch.
 
 Per row, in this order: penalties; log probabilities, when asked (from these logits: after the
 penalties, before the min_tokens ban, the grammar's mask and temperature, so with no penalties they
-are the model's own, as vLLM's default `raw_logprobs`); the grammar's mask (structured_output.py);
-the min_tokens ban, unless it would leave the grammar nothing; temperature, top-k, top-p. Every step
-of it touches its own row only: a row's token does not depend on its neighbours' constraints.
+are the model's own, as vLLM's default `raw_logprobs`); the grammar's mask (structured_output.py),
+near max_tokens narrowed to its closing choice; the min_tokens ban, unless it would leave the grammar
+nothing; temperature, top-k, top-p. Every step of it touches its own row only: a row's token does not depend on its neighbours' constraints.
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
         counts = torch.bincount(torch.tensor(seq.output_ids, device=logits.device), minlength=logits.shape[-1])
         logits -= p.frequency_penalty * counts[: logits.shape[-1]] + p.presence_penalty * (counts > 0)[: logits.shape[-1]]
     return logits
+
+
+def closes_now(seq: Sequence) -> bool:
+    """A constrained row near max_tokens takes the grammar's closing choice (structured_output.py)."""
+    p, made = seq.params, len(seq.output_ids)
+    return (seq.closing is not None and not p.ignore_eos and made >= p.min_tokens
+            and p.max_tokens - made <= seq.closing.reserve)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -61,7 +68,8 @@ class Sampler:
             if p.logprobs is not None:
                 log_probs[row] = torch.log_softmax(logits[row], -1)
             if seq.matcher is not None:
-                logits[row].masked_fill_(~allowed_tokens(seq.matcher, logits.shape[-1]), float("-inf"))
+                closing = seq.closing if closes_now(seq) else None
+                logits[row].masked_fill_(~allowed_tokens(seq.matcher, logits.shape[-1], closing), float("-inf"))
             if len(seq.output_ids) < p.min_tokens:
                 banned = list((set() if p.ignore_eos else self.eos_token_ids) | set(p.stop_token_ids))
                 if banned:

@@ -68,6 +68,7 @@ class Sequence:
     generator: object | None = None
     sent_tokens: int = 0  # output tokens already reported
     matcher: object | None = None  # the grammar's state, for a constrained request (structured_output.py)
+    closing: object | None = None  # with it: how its answer closes within max_tokens (structured_output.Closing)
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # of output_ids, when asked
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # of prompt_ids, when asked
     prompt_logprobs_sent: bool = False

@@ -19,6 +19,13 @@ Rules:
   naming what is wrong. Each request gets its own copy of the compiled matcher (cheap).
 - When the grammar is complete it allows only EOS, so the request ends with "stop"; max_tokens
   still ends it with "length".
+- An answer closes before max_tokens would cut it off (`Closing`): once the tokens left are no more
+  than the grammar's shortest way to its end (walked once per spec, from its start) plus a margin,
+  the row takes EOS where the grammar allows it, else the first closing token the grammar allows
+  (`"` before `]` before `}`: inside a string the model would pick `]` as text), else what the
+  grammar allows as before. Without it the bundled model looped inside a string ("Luxury Luxury
+  ...") until max_tokens cut the JSON off; vLLM has no such rule. Not with ignore_eos (the caller
+  asked for max_tokens) nor before min_tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +44,9 @@ FIELD = "structured_outputs"
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 256  # compiled specs kept
+CLOSER_ORDER = b'"]}'  # closing characters, the first preferred
+CLOSING_MARGIN = 8  # tokens beyond the shortest end from the start: the open string or number's own close
+ROLLOUT_LIMIT = 512  # steps of the shortest-end walk; a grammar with no end in reach closes from the start
 
 
 def parse_spec(value: Any) -> tuple[str, str] | None:
@@ -135,22 +146,26 @@ class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]):
         self._hf_tokenizer, self.vocab_size, self._eos = tokenizer, vocab_size, sorted(eos_token_ids)
         self._tokenizer = None  # llguidance's view of the vocabulary, made at the first spec (~0.5 s)
+        self._closers = None  # with it: the tokens of closing characters only, the preferred first
         self._compiled: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def matcher(self, spec: tuple[str, str]):
-        """A fresh matcher for the spec, at its start; RequestError if the spec does not compile."""
+    def start(self, spec: tuple[str, str]) -> tuple[Any, Closing]:
+        """A fresh matcher for the spec, at its start, and how its answer closes; RequestError if the
+        spec does not compile."""
         with self._lock:
-            template = self._compiled.get(spec)
-            if template is not None:
+            compiled = self._compiled.get(spec)
+            if compiled is not None:
                 self._compiled.move_to_end(spec)
-                return template.deep_copy()
+                return compiled[0].deep_copy(), compiled[1]
         template = self._compile(*spec)
+        walk = Closing(0, self._closers, tuple(self._eos))
+        closing = Closing(shortest_end(template, walk, self.vocab_size) + CLOSING_MARGIN, self._closers, walk.eos)
         with self._lock:
-            self._compiled[spec] = template
+            self._compiled[spec] = (template, closing)
             while len(self._compiled) > CACHE_SIZE:
                 self._compiled.popitem(last=False)
-        return template.deep_copy()
+        return template.deep_copy(), closing
 
     def _compile(self, kind: str, text: str):
         from llguidance import LLMatcher
@@ -175,14 +190,78 @@ class GrammarCompiler:
             if self._tokenizer is None:
                 import llguidance.hf
 
-                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
-                                                              eos_token=self._eos)
+                tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
+                                                         eos_token=self._eos)
+                self._closers = closing_tokens(tokenizer, self.vocab_size)
+                self._tokenizer = tokenizer
             return self._tokenizer
 
 
-def allowed_tokens(matcher, vocab_size: int):
-    """(vocab,) bool tensor: the tokens the matcher allows next."""
+def closing_tokens(tokenizer, vocab_size: int) -> np.ndarray:
+    """Ids of the tokens made of closing characters only, ordered by their first character (as
+    CLOSER_ORDER), then shortest first."""
+    ranked = []
+    for token in range(vocab_size):
+        text = tokenizer.decode_bytes([token])
+        if text and set(text) <= set(CLOSER_ORDER):
+            ranked.append((CLOSER_ORDER.index(text[0]), len(text), token))
+    return np.array([token for *_, token in sorted(ranked)], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How a spec's answer ends within max_tokens (the module's rule): from `reserve` tokens left,
+    EOS where allowed, else the first allowed closing token."""
+    reserve: int
+    closers: np.ndarray  # token ids, the preferred first (closing_tokens)
+    eos: tuple[int, ...]
+
+    def choice(self, allowed: np.ndarray) -> int | None:
+        """The closing token within what the grammar allows (a bool mask over the vocabulary), or
+        None when it allows no closing token."""
+        for token in self.eos:
+            if token < len(allowed) and allowed[token]:
+                return token
+        closers = self.closers[allowed[self.closers]]
+        return int(closers[0]) if len(closers) else None
+
+    def narrow(self, allowed: np.ndarray) -> np.ndarray:
+        """The mask narrowed to the closing choice, where there is one."""
+        token = self.choice(allowed)
+        if token is None:
+            return allowed
+        only = np.zeros_like(allowed)
+        only[token] = True
+        return only
+
+
+def shortest_end(matcher, closing: Closing, vocab_size: int) -> int:
+    """Tokens from the matcher's state to the grammar's end, taking the closing choice, else the lowest
+    allowed token: an estimate, walked on a copy."""
+    walk = matcher.deep_copy()
+    for steps in range(ROLLOUT_LIMIT):
+        if walk.is_accepting():
+            return steps
+        allowed = allowed_mask(walk, vocab_size)
+        token = closing.choice(allowed)
+        if token is None:
+            others = np.flatnonzero(allowed)
+            token = int(others[0]) if len(others) else None
+        if token is None or not walk.consume_token(token):
+            return steps
+    return ROLLOUT_LIMIT
+
+
+def allowed_mask(matcher, vocab_size: int) -> np.ndarray:
+    """(vocab,) bool array: the tokens the matcher allows next."""
+    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool)
+
+
+def allowed_tokens(matcher, vocab_size: int, closing: Closing | None = None):
+    """(vocab,) bool tensor: the tokens the matcher allows next, narrowed to the closing choice when
+    `closing` is given."""
     import torch  # here: the front parses specs without torch
 
-    bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
-    return torch.from_numpy(np.unpackbits(bits, bitorder="little")[:vocab_size].astype(bool))
+    allowed = allowed_mask(matcher, vocab_size)
+    return torch.from_numpy(closing.narrow(allowed) if closing is not None else allowed)
