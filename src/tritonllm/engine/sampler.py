@@ -7,7 +7,8 @@ Per row, in this order: penalties; log probabilities, when asked (from these log
 penalties, before the min_tokens ban, the grammar's mask and temperature, so with no penalties they
 are the model's own, as vLLM's default `raw_logprobs`); the grammar's mask (structured_output.py),
 near max_tokens narrowed to its closing choice; the min_tokens ban, unless it would leave the grammar
-nothing; temperature, top-k, top-p. Every step of it touches its own row only: a row's token does not depend on its neighbours' constraints.
+nothing; temperature, top-k, top-p. Every step of it touches its own row only: a row's token does
+not depend on its neighbours' constraints.
 """
 
 from __future__ import annotations
