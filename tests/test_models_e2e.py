@@ -265,11 +265,12 @@ def test_closed_generate_stream_connection_frees_its_sequence(triton_server):
     body = {"text_input": hold_prompt(hold, "Hi"), "stream": True, "max_tokens": 2000, "ignore_eos": True}
     with requests.post(f"http://{triton_server.http_url}/v2/models/llm_inflight/generate_stream", json=body,
                        stream=True, timeout=TIMEOUT) as response:
+        # Keep the line iterator alive: breaking out of a loop over it closes the generator, and
+        # urllib3 closes the connection when its stream generator is closed early.
+        lines = response.iter_lines(chunk_size=None)
         events = 0
-        for line in response.iter_lines(chunk_size=None):
-            events += line.startswith(b"data: ")
-            if events == 3:
-                break
+        while events < 3:
+            events += next(lines).startswith(b"data: ")
         # Held after 5 tokens: it is running until its client goes away, whatever the machine's speed.
         assert wait_for_metric(triton_server, "tritonllm_num_requests_running", lambda v: v == 1) == 1
     # Leaving the block closed the connection: Triton cancels the request, the engine frees its slot.
