@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
 USERS = 4  # Locust users, each with one held request at a time
 RUNNING = "tritonllm_num_requests_running"
+TOKENS = "tritonllm_generation_tokens_total"
 
 
 @contextlib.contextmanager
@@ -124,11 +125,16 @@ def test_a_replica_stopped_mid_run_fails_exactly_its_requests(fresh_cluster, tmp
            "-t", "600s", "--host", f"http://{proxy.http_url}", "--csv", str(tmp_path / "locust"), "--only-summary",
            "--samples-file", str(tmp_path / "samples.jsonl"), "--prompts-file", str(prompts),
            "--output-tokens", "fixed:64", "SseStreamUser"]
+    tokens0 = metric(a, TOKENS)
     locust = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for replica in (a, b):
             assert wait_for_metric(replica, RUNNING, lambda v: v == USERS / 2, timeout=TIMEOUT) == USERS / 2
         on_a = metric(a, RUNNING)
+        # Each held request's answer has begun (its 3 tokens made) before a goes: nginx passes a
+        # request whose answer had not begun on to b, so on a busy machine a cut could fail none.
+        begun = wait_for_metric(a, TOKENS, lambda v: v - tokens0 >= 3 * on_a, timeout=TIMEOUT) - tokens0
+        assert begun >= 3 * on_a, f"a made {begun} tokens for its {on_a} held requests"
         t0 = time.monotonic()
         if how == "SIGTERM":  # a drains (refuses new work, gives running requests 10 s, ends the rest), exits
             a.terminate()
