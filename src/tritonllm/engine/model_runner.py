@@ -142,8 +142,11 @@ class ModelRunner:
         # The work between the matmuls: compiled kernels where they run (CPU, bf16), else PyTorch ops
         # (step_ops.py; benchmarks set it).
         self.cpu_kernels = layer_kernels.available(self.dtype, self.device, getattr(self.config, "hidden_act", ""))
+        # The native twins of layer_kernels.py's loops where the native kernels load (the same bits, tested).
+        self.layer_ops = native.kernel() or layer_kernels
         if self.cpu_kernels:
-            layer_kernels.warm_up()
+            if self.layer_ops is layer_kernels:
+                layer_kernels.warm_up()
             self.rotary_cos, self.rotary_sin = as_numpy(self.rotary.cos), as_numpy(self.rotary.sin)
             self.norm_weights = {id(w): as_numpy(w) for lw in self.layers for w in (lw.input_norm, lw.post_norm)}
 

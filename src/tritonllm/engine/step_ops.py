@@ -2,8 +2,9 @@
 
 - `TorchOps`: PyTorch ops, the model's own numerics (float32 answers equal `generate`'s, tested);
   every device and dtype.
-- `KernelOps`: CPU in bfloat16 (the shipped case): layer_kernels.py's compiled loops, a few calls
-  a layer instead of ~30 ops, into buffers made once per step.
+- `KernelOps`: CPU in bfloat16 (the shipped case): layer_kernels.py's compiled loops, or their
+  native twins (native/layer_ops.cpp) where the native kernels load, a few calls a layer instead of
+  ~30 ops, into buffers made once per step.
 
 Both: `add_norm(hidden, delta, weight)` adds a residual and applies an RMSNorm; `attention(qkv,
 layer)` rotates q and k, stores the new keys and values, and attends (decode rows by their true
@@ -18,7 +19,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import layer_kernels
 from tritonllm.engine.decode_attention import DecodeAttention
 from tritonllm.engine.kv_cache import KVGather
 from tritonllm.kernels.numba_helpers import as_numpy
@@ -130,15 +130,14 @@ class KernelOps:
 
     def add_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
         """hidden += delta in place; (hidden, rms_norm of it in a buffer of the step)."""
-        layer_kernels.add_rms_norm(as_numpy(hidden), None if delta is None else as_numpy(delta),
+        self.runner.layer_ops.add_rms_norm(as_numpy(hidden), None if delta is None else as_numpy(delta),
                                    self.runner.numpy_weight(weight), self.runner.eps, self.normed_np)
         return hidden, self.normed
 
     def attention(self, qkv: torch.Tensor, layer: int) -> torch.Tensor:
         r = self.runner
-        layer_kernels.rotate_and_store(as_numpy(qkv), r.rotary_cos, r.rotary_sin, self.positions, self.write_index,
-                                       r.cache.numpy_flat(layer), self.q_np, self.decode_of, self.q_decode,
-                                       r.num_heads)
+        r.layer_ops.rotate_and_store(as_numpy(qkv), r.rotary_cos, r.rotary_sin, self.positions, self.write_index,
+                                     r.cache.numpy_flat(layer), self.q_np, self.decode_of, self.q_decode, r.num_heads)
         if self.paged is not None:
             queries = self.q_decode.reshape(len(self.decode_rows), r.num_kv_heads, -1, r.head_dim)
             self.paged.run(queries, r.cache.numpy_layer(layer), self.out_np, self.decode_rows)
@@ -148,5 +147,5 @@ class KernelOps:
         return self.out
 
     def act_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        layer_kernels.silu_mul(as_numpy(gate_up), self.act_np)
+        self.runner.layer_ops.silu_mul(as_numpy(gate_up), self.act_np)
         return self.act

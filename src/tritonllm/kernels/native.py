@@ -1,7 +1,9 @@
 """The native CPU kernels (native/*.cpp): built once, loaded where the CPU runs them.
 
-- **What.** The bf16 linear (bf16_linear.cpp, used by linear.py) and paged decode attention over a
-  bf16 pool (paged_decode.cpp, used by paged_attention.py), one library (module.cpp binds them).
+- **What.** The bf16 linear (bf16_linear.cpp, used by linear.py), paged decode attention over a
+  bf16 pool (paged_decode.cpp, used by paged_attention.py) and a layer's work between its matmuls
+  (layer_ops.cpp: the residual add and RMSNorm, rotary and the KV write, SiLU x up; used in place
+  of layer_kernels.py's Numba loops), one library (module.cpp binds them; vector_math.h is shared).
 - **Where.** A CPU with AVX512-BF16 (`vdpbf16ps`); the linear uses AMX tiles (`tdpbf16ps`) where
   `cpu_isa.amx_enabled()` (oneDNN's `ONEDNN_MAX_CPU_ISA` switch turns both off together). An
   AVX2-only CPU, float32 and float16 keep the other paths (oneDNN, Numba).
@@ -34,7 +36,9 @@ from tritonllm.kernels import cpu_isa
 log = logging.getLogger(__name__)
 
 SWITCH_ENV = "TRITONLLM_NATIVE_KERNELS"
-SOURCES = tuple(Path(__file__).parent / "native" / name for name in ("module.cpp", "bf16_linear.cpp", "paged_decode.cpp"))
+SOURCES = tuple(Path(__file__).parent / "native" / name
+                for name in ("module.cpp", "bf16_linear.cpp", "paged_decode.cpp", "layer_ops.cpp"))
+HEADERS = tuple(Path(__file__).parent / "native" / name for name in ("vector_math.h",))
 CFLAGS = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads
 
 
@@ -52,7 +56,7 @@ def cpu_runs_it() -> bool:
 def module_name() -> str:
     import torch
 
-    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES) + torch.__version__.encode()
+    digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES + HEADERS) + torch.__version__.encode()
                             + " ".join(CFLAGS).encode())
     return "tritonllm_native_" + digest.hexdigest()[:12]
 

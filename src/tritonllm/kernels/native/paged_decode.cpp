@@ -9,25 +9,20 @@
 //   vertical FMAs, key after key;
 // - every sum runs in one fixed order that depends on the row's own length only, and tasks are
 //   taken one at a time by whichever thread is free: a row's bits never depend on the batch.
-#include <torch/extension.h>
-#include <pybind11/numpy.h>
+#include "vector_math.h"
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-namespace py = pybind11;
+using namespace tritonllm_native;
 
 namespace {
 
-using bf16 = uint16_t;
 constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
 constexpr int64_t kAhead = 128;    // keys: how far ahead of the one it reads a task prefetches
 constexpr int kMaxGroup = 8;       // query heads a KV head
-
-#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 // Lane i of the result is the sum of v[i]'s lanes, summed in one fixed order.
 AVX512_BF16 inline __m512 sum_each(__m512 v[16]) {
@@ -43,27 +38,6 @@ AVX512_BF16 inline __m512 sum_each(__m512 v[16]) {
                               _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
   return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
                        _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
-}
-
-// exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-6 polynomial in r, times 2^n).
-AVX512_BF16 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(y, n);
-}
-
-AVX512_BF16 inline __m512 widen(const bf16* p) {  // 16 bf16 -> float32: a shift
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
 struct Task {
@@ -129,7 +103,7 @@ AVX512_BF16 void attend(const Task& t) {
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(peak));
     __m512 total = _mm512_setzero_ps();
     for (int64_t k = 0; k < n; k += kKeys) {
-      const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + k), top));
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + k), top));
       _mm512_storeu_ps(s + k, e);
       total = _mm512_mask_add_ps(total, k + kKeys <= n ? (__mmask16)0xFFFF : tail, total, e);
     }
@@ -153,7 +127,7 @@ AVX512_BF16 void attend(const Task& t) {
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v) {
       if (t.out_bf16)
-        _mm256_storeu_si256((__m256i*)((bf16*)t.out + g * D + 16 * v), (__m256i)_mm512_cvtneps_pbh(acc[g][v]));
+        narrow((bf16*)t.out + g * D + 16 * v, acc[g][v]);
       else
         _mm512_storeu_ps((float*)t.out + g * D + 16 * v, acc[g][v]);
     }
@@ -184,14 +158,6 @@ AttendFn attend_for(int64_t group, int64_t dim) {
   }
 }
 
-template <typename T>
-const T* data_of(const py::array& a, const char* name, int dims) {
-  TORCH_CHECK(a.ndim() == dims, "paged_decode: ", name, " must have ", dims, " dimensions, not ", a.ndim());
-  TORCH_CHECK(a.dtype().is(py::dtype::of<T>()), "paged_decode: ", name, " has the wrong dtype");
-  TORCH_CHECK(a.flags() & py::array::c_style, "paged_decode: ", name, " must be C-contiguous");
-  return static_cast<const T*>(a.data());
-}
-
 }  // namespace
 
 bool paged_decode_supports(int64_t group, int64_t dim) { return attend_for(group, dim) != nullptr; }
@@ -201,12 +167,12 @@ bool paged_decode_supports(int64_t group, int64_t dim) { return attend_for(group
 // into out[out_rows[r]] (rows_out, kv_heads x group x dim), float32 or bf16 bits.
 void paged_decode(const py::array& q, const py::array& pool, const py::array& tables, const py::array& lengths,
                   const py::array& order, float scale, py::array& out, const py::array& out_rows) {
-  const float* qp = data_of<float>(q, "q", 4);
-  const bf16* pp = data_of<uint16_t>(pool, "pool", 4);
-  const int64_t* tp = data_of<int64_t>(tables, "tables", 2);
-  const int64_t* lp = data_of<int64_t>(lengths, "lengths", 1);
-  const int64_t* op = data_of<int64_t>(order, "order", 1);
-  const int64_t* rp = data_of<int64_t>(out_rows, "out_rows", 1);
+  const float* qp = data_of<float>(q, "paged_decode", "q", 4);
+  const bf16* pp = data_of<uint16_t>(pool, "paged_decode", "pool", 4);
+  const int64_t* tp = data_of<int64_t>(tables, "paged_decode", "tables", 2);
+  const int64_t* lp = data_of<int64_t>(lengths, "paged_decode", "lengths", 1);
+  const int64_t* op = data_of<int64_t>(order, "paged_decode", "order", 1);
+  const int64_t* rp = data_of<int64_t>(out_rows, "paged_decode", "out_rows", 1);
   const int64_t rows = q.shape(0), kv_heads = q.shape(1), group = q.shape(2), dim = q.shape(3);
   const int64_t blocks = pool.shape(1), block_size = pool.shape(2), width = tables.shape(1);
   TORCH_CHECK(pool.shape(0) == 2 * kv_heads && pool.shape(3) == dim, "paged_decode: the pool's shape does not fit q");
