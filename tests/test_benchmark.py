@@ -89,5 +89,6 @@ def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
     assert linears["t_sum_gb_per_s"] > 0 and len(linears["shapes"]) == 5 * 5
     assert all(c["native_us"] > 0 and c["native_over_previous"] > 0 for c in linears["shapes"].values())
     assert set(steps["cases"]) == {"decode 8 x 32", "decode 32 x 128", "decode 32 x 600", "prefill cold 1280"}
-    assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "Numba attention"}
+    assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "Numba attention",
+                                                     "Numba layer ops"}
     assert all(s > 0 for case in steps["cases"].values() for s in case.values())

@@ -6,9 +6,9 @@
   of the AMX row block, more than 32 rows as prompt tiles); microseconds, GB/s of weights against
   this machine's `t.sum()` over 1 GiB, and TFLOP/s;
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
-  kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), the native linear with the Numba paged
-  attention (what the native attention buys), and the native runner with batch invariance
-  off, alternating in one process.
+  kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the Numba paged attention or the
+  Numba layer ops in place of one native kernel (what each buys), and the native runner with batch
+  invariance off, alternating in one process.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.kernels import linear as linear_module
-from tritonllm.kernels import native
+from tritonllm.kernels import layer_kernels, native
 
 ROWS = (1, 8, 32, 128, 512)
 TILE = linear_module.TILE_ROWS
@@ -134,6 +134,9 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
     with native_kernels(True):  # the native linear with the Numba paged attention: what the native attention buys
         runners["Numba attention"] = ModelRunner(model, 32, 2048)
         runners["Numba attention"].native_attention = False
+        runners["Numba layer ops"] = ModelRunner(model, 32, 2048)  # what native/layer_ops.cpp buys
+        runners["Numba layer ops"].layer_ops = layer_kernels
+        layer_kernels.warm_up()
     ids = [(100 + i) % model.config.vocab_size for i in range(1280)]
 
     def prefill(runner):
