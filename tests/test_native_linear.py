@@ -18,7 +18,7 @@ from tritonllm.kernels import cpu_isa, linear, native
 KERNEL = native.kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"native kernel {native.describe()}")
 PATHS = ["avx512"] + (["amx"] if "amx_bf16" in cpu_isa.cpu_flags() else [])
-SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 576), (16, 32), (48, 96)]  # (out, in)
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 576), (16, 32), (48, 96), (80, 64)]  # (out, in)
 
 
 def weights(out_features: int, in_features: int, seed: int = 0):

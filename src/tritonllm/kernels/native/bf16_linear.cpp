@@ -177,11 +177,15 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   const bf16* wp = reinterpret_cast<const bf16*>(packed.data_ptr());
   const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
   bf16* op = reinterpret_cast<bf16*>(out.data_ptr());
-  const int64_t groups = (blocks + kGroup - 1) / kGroup;
-  at::parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
-    const int64_t b0 = first * kGroup, b1 = std::min(blocks, last * kGroup);
-    if (amx) amx_columns(xp, m, k, wp, bp, op, n, b0, b1);
-    else avx512_columns(xp, m, k, wp, bp, op, n, b0, b1);
+  // Each thread an even share of the blocks: whole groups of 4 split 36 blocks (a 576-wide weight)
+  // 20 / 16 over two threads, a tenth slower than 18 / 18.
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / kGroup));
+  at::parallel_for(0, shares, 1, [&](int64_t first, int64_t last) {
+    for (int64_t share = first; share < last; ++share) {
+      const int64_t b0 = blocks * share / shares, b1 = blocks * (share + 1) / shares;
+      if (amx) amx_columns(xp, m, k, wp, bp, op, n, b0, b1);
+      else avx512_columns(xp, m, k, wp, bp, op, n, b0, b1);
+    }
   });
   return out;
 }
