@@ -87,6 +87,7 @@ def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
         return
     linears, steps = results["linears"], results["native"]
     assert linears["t_sum_gb_per_s"] > 0 and len(linears["shapes"]) == 5 * 5
+    assert linears["peak_tflop_per_s"] > 0
     assert all(c["native_us"] > 0 and c["native_over_previous"] > 0 for c in linears["shapes"].values())
     assert set(steps["cases"]) == {"decode 8 x 32", "decode 32 x 128", "decode 32 x 600", "prefill cold 1280"}
     assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "Numba attention",

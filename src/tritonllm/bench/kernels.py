@@ -4,7 +4,8 @@
 - linears: each matmul shape of the model at 1-512 rows, the native kernel against linear.py's
   previous path (oneDNN prepacked, cut into the calls batch invariance needs: decode rows in calls
   of the AMX row block, more than 32 rows as prompt tiles); microseconds, GB/s of weights against
-  this machine's `t.sum()` over 1 GiB, and TFLOP/s;
+  this machine's `t.sum()` over 1 GiB, and TFLOP/s against the dot-product instruction's peak on
+  every thread (`vdpbf16ps`, or AMX's `tdpbf16ps`: the kernel's `peak_flops`, no memory);
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
   kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the Numba paged attention or the
   Numba layer ops in place of one native kernel (what each buys), and the native runner with batch
@@ -22,7 +23,7 @@ import torch
 
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.kernels import linear as linear_module
-from tritonllm.kernels import layer_kernels, native
+from tritonllm.kernels import cpu_isa, layer_kernels, native
 
 ROWS = (1, 8, 32, 128, 512)
 TILE = linear_module.TILE_ROWS
@@ -86,7 +87,8 @@ def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
               "o": attn.o_proj.weight, "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
               "down": mlp.down_proj.weight, "lm_head": model.lm_head.weight}
     bandwidth = memory_bandwidth()
-    out = {"t_sum_gb_per_s": bandwidth / 1e9, "path": native.describe(), "shapes": {}}
+    peak = native.kernel().peak_flops(cpu_isa.amx_enabled(), 0.5)
+    out = {"t_sum_gb_per_s": bandwidth / 1e9, "peak_tflop_per_s": peak / 1e12, "path": native.describe(), "shapes": {}}
     for name, weight in shapes.items():
         weight = weight.detach().to(torch.bfloat16)
         with native_kernels(False):
@@ -110,12 +112,15 @@ def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
 
 
 def print_linears(r: dict) -> None:
-    print(f"linears, bf16 ({r['path']}; t.sum() over 1 GiB: {r['t_sum_gb_per_s']:.1f} GB/s):")
-    print(f"  {'shape x rows':28s} {'previous us':>11s} {'native us':>10s} {'ratio':>6s}  native GB/s (of t.sum)  TFLOP/s native / previous")
+    print(f"linears, bf16 ({r['path']}; t.sum() over 1 GiB: {r['t_sum_gb_per_s']:.1f} GB/s; "
+          f"peak {r['peak_tflop_per_s']:.3f} TFLOP/s):")
+    print(f"  {'shape x rows':28s} {'previous us':>11s} {'native us':>10s} {'ratio':>6s}  native GB/s (of t.sum)  "
+          "TFLOP/s native (of peak) / previous")
     for name, c in r["shapes"].items():
         print(f"  {name:28s} {c['previous_us']:11.1f} {c['native_us']:10.1f} {c['native_over_previous']:6.2f}  "
               f"{c['native_gb_per_s']:7.1f} ({c['native_gb_per_s'] / r['t_sum_gb_per_s']:4.2f})  "
-              f"{c['native_tflop_per_s']:6.3f} / {c['previous_tflop_per_s']:6.3f}", flush=True)
+              f"{c['native_tflop_per_s']:6.3f} ({c['native_tflop_per_s'] / r['peak_tflop_per_s']:4.2f}) / "
+              f"{c['previous_tflop_per_s']:6.3f}", flush=True)
 
 
 DECODE = {"8 x 32": [32] * 8, "32 x 128": [128] * 32, "32 x 600": [600] * 32}

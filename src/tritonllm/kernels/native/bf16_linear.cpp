@@ -12,6 +12,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <cstdint>
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -149,6 +151,45 @@ void amx_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float
   _tile_release();
 }
 
+// ---- the instructions' peak (benchmarks) -----------------------------------------------------------
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+double avx512_bf16_flops(int64_t steps) {
+  // 24 independent chains (as the kernel's 6 x 4 tile), no memory: what `vdpbf16ps` can do here.
+  // Unrolled, so the chains stay in registers (a loop over them keeps them in memory), each from
+  // its own start (equal chains are merged into one by the compiler).
+  __m512 acc[24];
+#pragma GCC unroll 24
+  for (int a = 0; a < 24; ++a) acc[a] = _mm512_set1_ps(float(a));
+  const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), w = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+  for (int64_t i = 0; i < steps; ++i) {
+#pragma GCC unroll 24
+    for (int a = 0; a < 24; ++a) acc[a] = _mm512_dpbf16_ps(acc[a], x, w);
+  }
+  float sink = 0;
+  for (int a = 0; a < 24; ++a) sink += _mm512_reduce_add_ps(acc[a]);
+  return sink;  // read so the loop is kept
+}
+
+__attribute__((target("amx-tile,amx-bf16")))
+double amx_bf16_flops(int64_t steps) {
+  // 4 C tiles from two A and two B tiles (the 2 x 2 a tile kernel can reach), no memory.
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) { cfg.rows[t] = kTileRows; cfg.colsb[t] = 64; }
+  _tile_loadconfig(&cfg);
+  alignas(64) bf16 ones[kTileRows * 32];
+  std::fill(ones, ones + kTileRows * 32, bf16(0x3f80));
+  _tile_loadd(4, ones, 64); _tile_loadd(5, ones, 64); _tile_loadd(6, ones, 64); _tile_loadd(7, ones, 64);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t i = 0; i < steps; ++i) {
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float c[kTileRows][kCols];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0][0];
+}
+
 }  // namespace
 
 // ---- the ops (bound in module.cpp) ----------------------------------------------------------------
@@ -188,4 +229,26 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     }
   });
   return out;
+}
+
+double peak_flops(bool amx, double seconds) {
+  // FLOP/s of the dot-product instruction on every thread at once, the best of 3 timed rounds.
+  TORCH_CHECK(!amx || amx_permitted(), "peak_flops: Linux refused AMX tiles to this process");
+  const double per_step = amx ? 4.0 * kTileRows * kCols * kTileK * 2 : 24.0 * kCols * 2 * 2;
+  const int threads = at::get_num_threads();
+  auto run = [&](int64_t steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      for (int64_t t = first; t < last; ++t) {
+        volatile double kept = amx ? amx_bf16_flops(steps) : avx512_bf16_flops(steps);  // not optimized away
+        (void)kept;
+      }
+    });
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  int64_t steps = 1 << 12;
+  while (run(steps) < seconds / 3 && steps < (int64_t(1) << 40)) steps *= 2;
+  double best = 0;
+  for (int r = 0; r < 3; ++r) best = std::max(best, per_step * steps * threads / run(steps));
+  return best;
 }

@@ -7,6 +7,7 @@ namespace py = pybind11;
 torch::Tensor pack(const torch::Tensor& weight);
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                      bool amx);
+double peak_flops(bool amx, double seconds);
 bool paged_decode_supports(int64_t group, int64_t dim);
 namespace tritonllm_native {
 void add_rms_norm(const py::array& hidden, const py::object& delta, const py::array& weight, float eps, py::array& out);
@@ -21,6 +22,7 @@ void paged_decode(const py::array& q, const py::array& pool, const py::array& ta
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "a (out, in) bfloat16 weight in VNNI blocks of 16 output columns");
   m.def("linear", &linear, "rows (m, in) times a packed weight, plus bias; bfloat16 out");
+  m.def("peak_flops", &peak_flops, "FLOP/s of vdpbf16ps (or AMX tdpbf16ps) on every thread, no memory (benchmarks)");
   m.def("paged_decode_supports", &paged_decode_supports, "whether paged_decode has a kernel for this shape");
   m.def("add_rms_norm", &tritonllm_native::add_rms_norm, "hidden += delta; out = weight x rms_norm(hidden) (layer_kernels.py)");
   m.def("silu_mul", &tritonllm_native::silu_mul, "out = silu(gate) x up (layer_kernels.py)");
