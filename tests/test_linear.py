@@ -3,7 +3,7 @@
 A row's result must not depend on how many rows share the call (batch invariance of the matmul),
 for every linear shape of the bundled model, in bfloat16 (the native kernel where the CPU has
 AVX512-BF16, and with it off: oneDNN prepacked where oneDNN runs bf16, plain `F.linear` on an AVX2-only
-CPU) and with int8 weights; float32 stays plain `F.linear`, the model's own kernel. The native kernel's
+CPU) and with int8 weights (the native int8 kernel where the CPU also has AVX512-VNNI, else weight-only); float32 stays plain `F.linear`, the model's own kernel. The native kernel's
 own tests: test_native.py.
 """
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tritonllm.kernels import native
-from tritonllm.kernels.linear import NativeWeight, PackedWeight, linear, nbytes, prepare, prepack_enabled
+from tritonllm.kernels import cpu_isa, native
+from tritonllm.kernels.linear import NativeInt8Weight, NativeWeight, PackedWeight, linear, nbytes, prepare, prepack_enabled
 from tritonllm.kernels.quantization import Int8Weight
 from tritonllm.model_files import prepare_bundled
 
@@ -59,8 +59,9 @@ def test_a_rows_result_does_not_depend_on_the_row_count(name, quantization, path
     weight = (torch.randn(fan_out, fan_in) * fan_in ** -0.5).to(torch.bfloat16)
     x = torch.randn(max(ROW_COUNTS), fan_in).to(torch.bfloat16)
     prepared = prepare(weight, quantization, rows_hint=8)
-    assert isinstance(prepared, Int8Weight if quantization == "int8" else NativeWeight if path == "native"
-                      else PackedWeight if ONEDNN_BF16 else torch.Tensor)
+    native_int8 = path == "native" and "avx512_vnni" in cpu_isa.cpu_flags()
+    assert isinstance(prepared, (NativeInt8Weight if native_int8 else Int8Weight) if quantization == "int8"
+                      else NativeWeight if path == "native" else PackedWeight if ONEDNN_BF16 else torch.Tensor)
     full = linear(x, prepared)
     for rows in ROW_COUNTS:
         assert torch.equal(linear(x[:rows], prepared), full[:rows]), f"{name}: {rows} rows differ"
@@ -76,7 +77,11 @@ def test_a_bf16_weight_keeps_the_bias_and_the_values(path):
     got = linear(x, prepare(weight, "none", rows_hint=8), bias)
     torch.testing.assert_close(got.float(), F.linear(x, weight, bias).float(), rtol=1e-2, atol=1e-2)
     assert nbytes(prepare(weight, "none", 8)) == weight.numel() * 2
-    assert nbytes(prepare(weight, "int8", 8)) == weight.numel() + 96 * 2
+    int8 = prepare(weight, "int8", 8)
+    # a bf16 scale a row (weight-only), or a float32 scale a 32 of a row (the native int8 kernel)
+    assert nbytes(int8) == weight.numel() + (96 * 2 * 4 if isinstance(int8, NativeInt8Weight) else 96 * 2)
+    want = F.linear(x, weight, bias).float()
+    assert (linear(x, int8, bias).float() - want).norm() / want.norm() < 0.02
 
 
 def test_float32_and_other_devices_keep_the_plain_weight():

@@ -1,5 +1,6 @@
-"""The native bf16 linear (kernels/native.py, native/bf16_linear.cpp): its values, its
-invariance by construction on both of its paths (AVX512-BF16 and AMX tiles), and how it is chosen.
+"""The native linears (kernels/native.py): the bf16 one (native/bf16_linear.cpp) on both of its paths
+(AVX512-BF16 and AMX tiles) and the int8 one (native/int8_linear.cpp, AVX512-VNNI): their values,
+their invariance by construction, and how they are chosen.
 
 The kernel runs only on a CPU with AVX512-BF16 (AMX where the CPU has it); elsewhere those tests are
 skipped and the engine runs linear.py's other paths, which test_linear.py covers.
@@ -14,9 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels import cpu_isa, linear, native
+from tritonllm.kernels.quantization import Int8GroupWeight, Int8Weight
 
 KERNEL = native.kernel()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"native kernel {native.describe()}")
+needs_vnni = pytest.mark.skipif(KERNEL is None or "avx512_vnni" not in cpu_isa.cpu_flags(),
+                                reason="no native kernel, or no AVX512-VNNI for the int8 one")
 PATHS = ["avx512"] + (["amx"] if "amx_bf16" in cpu_isa.cpu_flags() else [])
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 576), (16, 32), (48, 96), (80, 64)]  # (out, in)
 
@@ -85,6 +89,80 @@ def test_prepare_picks_the_kernel_where_it_fits_and_the_switch_turns_it_off(monk
     monkeypatch.setenv(native.SWITCH_ENV, "0")
     assert not isinstance(linear.prepare(weight, "none", 8), linear.NativeWeight)
     assert native.describe().startswith("off")
+
+
+def q8_0_linear(x: torch.Tensor, weight: Int8GroupWeight, bias: torch.Tensor) -> torch.Tensor:
+    """What the int8 kernel computes, in float64: rows quantized a 32 of K (absmax / 127, rounded to
+    nearest even), exact integer dot products a group, scaled by both scales."""
+    groups = x.float().view(x.shape[0], -1, 32)
+    amax = groups.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(groups * inverse).double()
+    sums = torch.einsum("mgk,ngk->mng", q, weight.values.double().view(weight.values.shape[0], -1, 32))
+    return (sums * (amax / 127).double().squeeze(-1)[:, None, :] * weight.scales.double()).sum(-1) + bias.double()
+
+
+@needs_vnni
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_int8_kernel_computes_int8_rows_times_int8_weights(shape):
+    weight, bias = weights(*shape)
+    grouped = Int8GroupWeight.of(weight)
+    packed, scales = KERNEL.pack_int8(grouped.values, grouped.scales)
+    x = torch.randn(37, shape[1], generator=torch.Generator().manual_seed(1)).bfloat16()
+    x[3, :32] = 0  # a group of zeros: scale 0
+    got = KERNEL.linear_int8(x, packed, scales, bias).double()
+    want = q8_0_linear(x, grouped, bias)
+    assert ((got - want).abs() <= want.abs() * 2 ** -8 + 1e-4).all()  # rounded once to bf16
+    exact = x.double() @ weight.double().T + bias.double()
+    assert (got - exact).norm() / exact.norm() < 0.02  # and int8 stays near the bf16 linear
+
+
+@needs_vnni
+@pytest.mark.parametrize("shape", SHAPES[:4] + SHAPES[5:], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_an_int8_rows_bits_do_not_depend_on_the_call(shape):
+    weight, bias = weights(*shape)
+    grouped = Int8GroupWeight.of(weight)
+    packed, scales = KERNEL.pack_int8(grouped.values, grouped.scales)
+    x = torch.randn(40, shape[1], generator=torch.Generator().manual_seed(2)).bfloat16()
+    whole = KERNEL.linear_int8(x, packed, scales, bias)
+    alone = torch.cat([KERNEL.linear_int8(x[i:i + 1], packed, scales, bias) for i in range(len(x))])
+    assert torch.equal(alone, whole)
+    for size in (2, 3, 4, 5, 7, 8, 13, 16, 17, 32, 33):
+        parts = torch.cat([KERNEL.linear_int8(x[i:i + size], packed, scales, bias) for i in range(0, len(x), size)])
+        assert torch.equal(parts, whole), f"calls of {size} rows"
+    assert torch.equal(KERNEL.linear_int8(x.roll(7, 0), packed, scales, bias), whole.roll(7, 0))
+
+
+@needs_vnni
+def test_the_int8_kernel_refuses_bad_inputs_with_what_is_wrong():
+    grouped = Int8GroupWeight.of(weights(32, 64)[0])
+    packed, scales = KERNEL.pack_int8(grouped.values, grouped.scales)
+    with pytest.raises(RuntimeError, match="rows have 32 features, the weight 64"):
+        KERNEL.linear_int8(torch.zeros(2, 32, dtype=torch.bfloat16), packed, scales, None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        KERNEL.linear_int8(torch.zeros(2, 64), packed, scales, None)
+    with pytest.raises(RuntimeError, match="scales from pack_int8"):
+        KERNEL.linear_int8(torch.zeros(2, 64, dtype=torch.bfloat16), packed, scales[:1], None)
+    with pytest.raises(RuntimeError, match="one a 32 of K"):
+        KERNEL.pack_int8(grouped.values, grouped.scales[:, :1])
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        KERNEL.pack_int8(torch.zeros(24, 64, dtype=torch.int8), torch.zeros(24, 2))
+    assert KERNEL.linear_int8(torch.zeros(0, 64, dtype=torch.bfloat16), packed, scales, None).shape == (0, 32)
+
+
+@needs_vnni
+def test_int8_takes_the_native_kernel_where_the_cpu_has_vnni(monkeypatch):
+    weight, bias = weights(96, 64)
+    prepared = linear.prepare(weight, "int8", rows_hint=8)
+    assert isinstance(prepared, linear.NativeInt8Weight)
+    x = torch.randn(5, 64).bfloat16()
+    assert torch.equal(linear.linear(x, prepared, bias), KERNEL.linear_int8(x, prepared.packed, prepared.scales, bias))
+    flags = [f for f in cpu_isa.cpu_flags() if f != "avx512_vnni"]
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: flags)
+    assert isinstance(linear.prepare(weight, "int8", 8), Int8Weight)  # weight-only, torch's kernel
+    monkeypatch.undo()
+    monkeypatch.setenv(native.SWITCH_ENV, "0")
+    assert isinstance(linear.prepare(weight, "int8", 8), Int8Weight)
 
 
 def test_the_kernel_follows_the_cpu_and_the_isa_cap(monkeypatch):

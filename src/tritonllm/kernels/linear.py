@@ -16,7 +16,10 @@
     (`_tile_rows`), as longer calls are faster.
 - bfloat16 on a CPU with AVX512-BF16, first: the native kernel (native.py, native/bf16_linear.cpp), AMX tiles where
   `cpu_isa.amx_enabled()`; a row's bits never depend on the call, so it needs no cutting.
-- int8 (`quantization: int8`): weight-only int8 (quantization.py).
+- int8 (`quantization: int8`): int8 weights (quantization.py). With bf16 activations on a CPU with
+  AVX512-BF16 and AVX512-VNNI, the native int8 kernel (native/int8_linear.cpp: weights and
+  activations int8 a scale per 32 inputs), invariant by construction; else `_weight_int8pack_mm`,
+  weight-only.
 - float32, and every other device: plain `F.linear`, so that float32 logits stay bit-equal to the
   model's own forward (tested).
 
@@ -33,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonllm.kernels import cpu_isa, native
-from tritonllm.kernels.quantization import Int8Weight
+from tritonllm.kernels.quantization import Int8GroupWeight, Int8Weight
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,16 @@ class NativeWeight:
     nbytes: int
     amx: bool  # AMX tiles, else AVX512-BF16
     multiply: Callable  # the kernel's linear(x, packed, bias, amx)
+
+
+@dataclass(frozen=True)
+class NativeInt8Weight:
+    """An int8 weight packed for the native int8 kernel (native/int8_linear.cpp)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor  # float32, packed with the values
+    nbytes: int
+    multiply: Callable  # the kernel's linear_int8(x, packed, scales, bias)
 
 
 NATIVE_COLUMNS, NATIVE_DEPTH = 16, 32  # the native kernel's block of output columns; AMX's K a step
@@ -129,6 +142,12 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
     """The form of `weight` (out, in) that `linear` multiplies fastest here."""
     weight = weight.detach()
     if quantization == "int8":
+        if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_fits(weight.shape)
+                and "avx512_vnni" in cpu_isa.cpu_flags() and (kernel := native.kernel()) is not None):
+            grouped = Int8GroupWeight.of(weight)
+            packed, scales = kernel.pack_int8(grouped.values, grouped.scales)
+            return NativeInt8Weight(packed, scales, grouped.values.numel() + grouped.scales.numel() * 4,
+                                    kernel.linear_int8)
         return Int8Weight.of(weight)
     if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_fits(weight.shape)
             and (kernel := native.kernel()) is not None):
@@ -145,7 +164,7 @@ def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
 
 def nbytes(weight) -> int:
     """Bytes a matmul by this weight streams from memory."""
-    if isinstance(weight, (PackedWeight, NativeWeight)):
+    if isinstance(weight, (PackedWeight, NativeWeight, NativeInt8Weight)):
         return weight.nbytes
     if isinstance(weight, Int8Weight):
         return weight.values.numel() + weight.scales.numel() * weight.scales.element_size()
@@ -186,6 +205,8 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, calls: lis
     of `row_block` rows)."""
     if isinstance(weight, NativeWeight):
         return weight.multiply(x, weight.packed, bias, weight.amx)
+    if isinstance(weight, NativeInt8Weight):
+        return weight.multiply(x, weight.packed, weight.scales, bias)
     if isinstance(weight, PackedWeight):
         block = weight.row_block
         if block is None or x.shape[0] <= block:
