@@ -8,8 +8,9 @@
   every thread (`vdpbf16ps`, or AMX's `tdpbf16ps`: the kernel's `peak_flops`, no memory);
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
   kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the Numba paged attention or the
-  Numba layer ops in place of one native kernel (what each buys), and the native runner with batch
-  invariance off, alternating in one process.
+  Numba layer ops in place of one native kernel (what each buys), the native runner with batch
+  invariance off, and with `quantization: int8` with the kernels on (the native int8 linear) and off
+  (torch's weight-only int8), alternating in one process.
 """
 
 from __future__ import annotations
@@ -133,9 +134,11 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
     if model.dtype != torch.bfloat16:
         return {"error": f"the model runs {model.dtype}; the native kernel is for bfloat16 (--dtype bfloat16)"}
     runners = {}
-    for name, on, invariant in (("native", True, True), ("previous", False, True), ("native, invariance off", True, False)):
+    for name, on, invariant, quantization in (
+            ("native", True, True, None), ("previous", False, True, None), ("native, invariance off", True, False, None),
+            ("int8", True, True, "int8"), ("int8, previous", False, True, "int8")):  # int8: native int8 kernel or torch's
         with native_kernels(on):
-            runners[name] = ModelRunner(model, 32, 2048, batch_invariant=invariant)
+            runners[name] = ModelRunner(model, 32, 2048, quantization, batch_invariant=invariant)
     with native_kernels(True):  # the native linear with the Numba paged attention: what the native attention buys
         runners["Numba attention"] = ModelRunner(model, 32, 2048)
         runners["Numba attention"].native_attention = False
@@ -154,7 +157,8 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
         t = _timed({name: (lambda r=r: r.decode_ceiling_step(lengths)) for name, r in runners.items()}, repeats, 3)
         cases[f"decode {case}"] = t
     cases["prefill cold 1280"] = _timed({name: (lambda r=r: prefill(r)) for name, r in runners.items()
-                                         if name in ("native", "previous")}, max(3, repeats // 2), 1)
+                                         if name in ("native", "previous", "int8", "int8, previous")},
+                                        max(3, repeats // 2), 1)
     weight_bytes = runners["native"].weight_bytes
     return {"path": native.describe(), "weight_bytes": weight_bytes, "t_sum_gb_per_s": memory_bandwidth() / 1e9,
             "cases": cases}
