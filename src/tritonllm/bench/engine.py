@@ -17,7 +17,7 @@ lengths forced with max_tokens + ignore_eos. Output tokens/s counts only request
 
 The model runs in `--dtype` (auto: bfloat16 where the CPU has native bf16, as the served models
 do). `--vs float32` / `--vs int8` also run the ceiling and the engine in float32, or with
-weight-only int8 matmuls, in the same run, for the ratios. `--match N` measures batch invariance:
+int8 matmuls (quantization.py), in the same run, for the ratios. `--match N` measures batch invariance:
 N chat prompts, greedy, through the engine at full batch and one by one through the same model's
 `model.generate` (for int8: the unquantised model): how many answers are token-identical.
 
