@@ -89,7 +89,23 @@ def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
     assert linears["t_sum_gb_per_s"] > 0 and len(linears["shapes"]) == 5 * 5
     assert linears["peak_tflop_per_s"] > 0
     assert all(c["native_us"] > 0 and c["native_over_previous"] > 0 for c in linears["shapes"].values())
+    assert all(c["int8_us"] > 0 and c["int8_previous_us"] > 0 for c in linears["shapes"].values())
     assert set(steps["cases"]) == {"decode 8 x 32", "decode 32 x 128", "decode 32 x 600", "prefill cold 1280"}
     assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "Numba attention",
                                                      "Numba layer ops", "int8", "int8, previous"}
     assert all(s > 0 for case in steps["cases"].values() for s in case.values())
+
+
+def test_the_quantization_benchmark_measures_each_variant_against_float32(capsys):
+    from tritonllm.bench import quantization
+
+    assert quantization.main(["--model", "tiny", "--prompts", "3", "--slots", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "against float32" in printed and "kernels off: weight-only (torch)" in printed
+    r = quantization.run("tiny", prompts=3, slots=2)
+    assert len(r["variants"]) == 3 and r["float32_nll_per_token"] > 0
+    for name, v in r["variants"].items():
+        assert 0 <= v["identical"] <= v["prompts"] == 3 and 0 <= v["mean_common_prefix"] <= quantization.ANSWER_TOKENS
+        assert 0 <= v["mean_gap"] <= v["p99_gap"] <= v["max_gap"] and v["nll_per_token"] > 0
+        if name.startswith("int8"):
+            assert v["max_gap"] > 0, name  # int8 moves some logprob off float32's

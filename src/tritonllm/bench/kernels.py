@@ -5,7 +5,8 @@
   previous path (oneDNN prepacked, cut into the calls batch invariance needs: decode rows in calls
   of the AMX row block, more than 32 rows as prompt tiles); microseconds, GB/s of weights against
   this machine's `t.sum()` over 1 GiB, and TFLOP/s against the dot-product instruction's peak on
-  every thread (`vdpbf16ps`, or AMX's `tdpbf16ps`: the kernel's `peak_flops`, no memory);
+  every thread (`vdpbf16ps`, or AMX's `tdpbf16ps`: the kernel's `peak_flops`, no memory); and the
+  same weight in int8, the native int8 kernel (where the CPU has AVX512-VNNI) against torch's;
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
   kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the Numba paged attention or the
   Numba layer ops in place of one native kernel (what each buys), the native runner with batch
@@ -25,6 +26,7 @@ import torch
 from tritonllm.engine.model_runner import Chunk, ModelRunner
 from tritonllm.kernels import linear as linear_module
 from tritonllm.kernels import cpu_isa, layer_kernels, native
+from tritonllm.kernels.quantization import Int8Weight
 
 ROWS = (1, 8, 32, 128, 512)
 TILE = linear_module.TILE_ROWS
@@ -89,22 +91,28 @@ def run_linears(model, rows=ROWS, repeats: int = 7) -> dict:
               "down": mlp.down_proj.weight, "lm_head": model.lm_head.weight}
     bandwidth = memory_bandwidth()
     peak = native.kernel().peak_flops(cpu_isa.amx_enabled(), 0.5)
-    out = {"t_sum_gb_per_s": bandwidth / 1e9, "peak_tflop_per_s": peak / 1e12, "path": native.describe(), "shapes": {}}
+    out = {"t_sum_gb_per_s": bandwidth / 1e9, "peak_tflop_per_s": peak / 1e12, "path": native.describe(),
+           "int8_path": "native" if "avx512_vnni" in cpu_isa.cpu_flags() else "weight-only", "shapes": {}}
     for name, weight in shapes.items():
         weight = weight.detach().to(torch.bfloat16)
         with native_kernels(False):
             previous = linear_module.prepare(weight, "none", 8)
         with native_kernels(True):
             mine = linear_module.prepare(weight, "none", 8)
+            int8 = linear_module.prepare(weight, "int8", 8)  # the native int8 kernel where the CPU has VNNI
+        int8_previous = Int8Weight.of(weight)  # torch's weight-only int8
         nbytes = weight.numel() * 2
         for m in rows:
             x = torch.randn(m, weight.shape[1]).bfloat16()
             calls = _previous_calls(m, previous)
             inner = max(1, int(2e-3 / max(nbytes / 20e9, 2 * m * weight.numel() / 5e11)))
             t = _timed({"previous": lambda: linear_module.linear(x, previous, calls=calls),
-                        "native": lambda: linear_module.linear(x, mine)}, repeats, inner)
+                        "native": lambda: linear_module.linear(x, mine),
+                        "int8": lambda: linear_module.linear(x, int8),
+                        "int8_previous": lambda: linear_module.linear(x, int8_previous)}, repeats, inner)
             out["shapes"][f"{name} {tuple(weight.shape)} x {m}"] = {
                 "previous_us": t["previous"] * 1e6, "native_us": t["native"] * 1e6,
+                "int8_us": t["int8"] * 1e6, "int8_previous_us": t["int8_previous"] * 1e6,
                 "native_over_previous": t["native"] / t["previous"],
                 "native_gb_per_s": nbytes / t["native"] / 1e9, "previous_gb_per_s": nbytes / t["previous"] / 1e9,
                 "native_tflop_per_s": 2 * m * weight.numel() / t["native"] / 1e12,
@@ -116,12 +124,12 @@ def print_linears(r: dict) -> None:
     print(f"linears, bf16 ({r['path']}; t.sum() over 1 GiB: {r['t_sum_gb_per_s']:.1f} GB/s; "
           f"peak {r['peak_tflop_per_s']:.3f} TFLOP/s):")
     print(f"  {'shape x rows':28s} {'previous us':>11s} {'native us':>10s} {'ratio':>6s}  native GB/s (of t.sum)  "
-          "TFLOP/s native (of peak) / previous")
+          f"TFLOP/s native (of peak) / previous  int8 us ({r['int8_path']} / torch's weight-only)")
     for name, c in r["shapes"].items():
         print(f"  {name:28s} {c['previous_us']:11.1f} {c['native_us']:10.1f} {c['native_over_previous']:6.2f}  "
               f"{c['native_gb_per_s']:7.1f} ({c['native_gb_per_s'] / r['t_sum_gb_per_s']:4.2f})  "
               f"{c['native_tflop_per_s']:6.3f} ({c['native_tflop_per_s'] / r['peak_tflop_per_s']:4.2f}) / "
-              f"{c['previous_tflop_per_s']:6.3f}", flush=True)
+              f"{c['previous_tflop_per_s']:6.3f}  {c['int8_us']:9.1f} / {c['int8_previous_us']:9.1f}", flush=True)
 
 
 DECODE = {"8 x 32": [32] * 8, "32 x 128": [128] * 32, "32 x 600": [600] * 32}
