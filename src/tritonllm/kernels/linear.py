@@ -141,16 +141,16 @@ def native_fits(shape) -> bool:
 def prepare(weight: torch.Tensor, quantization: str, rows_hint: int):
     """The form of `weight` (out, in) that `linear` multiplies fastest here."""
     weight = weight.detach()
+    kernel = native.kernel() if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu"
+                                 and native_fits(weight.shape)) else None
     if quantization == "int8":
-        if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_fits(weight.shape)
-                and "avx512_vnni" in cpu_isa.cpu_flags() and (kernel := native.kernel()) is not None):
+        if kernel is not None and "avx512_vnni" in cpu_isa.cpu_flags():
             grouped = Int8GroupWeight.of(weight)
             packed, scales = kernel.pack_int8(grouped.values, grouped.scales)
             return NativeInt8Weight(packed, scales, grouped.values.numel() + grouped.scales.numel() * 4,
                                     kernel.linear_int8)
         return Int8Weight.of(weight)
-    if (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and native_fits(weight.shape)
-            and (kernel := native.kernel()) is not None):
+    if kernel is not None:
         return NativeWeight(kernel.pack(weight), weight.numel() * weight.element_size(), cpu_isa.amx_enabled(),
                             kernel.linear)
     if prepack_enabled(weight.dtype, weight.device):
