@@ -21,7 +21,6 @@ using namespace tritonllm_native;
 namespace {
 
 constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
-constexpr int64_t kAhead = 128;    // keys: how far ahead of the one it reads a task prefetches
 constexpr int kMaxGroup = 8;       // query heads a KV head
 
 // Lane i of the result is the sum of v[i]'s lanes, summed in one fixed order.
@@ -52,20 +51,38 @@ struct Task {
   bool out_bf16;
 };
 
+// Key (or value) k of a task's row, of dim D, in the pool.
+inline const bf16* vector_at(const Task& t, const bf16* base, int64_t k, int64_t dim) {
+  return base + (t.table[k / t.block_size] * t.block_size + k % t.block_size) * dim;
+}
+
+// The keys then values of the task a thread runs next, asked into L2 a few a key while this one runs.
+// A row's blocks lie anywhere in the pool, so the hardware's prefetchers barely help; and a core alone
+// keeps too few misses in flight to stream a task's keys once it waits on them: prefetching within the
+// task (any distance, any cache level) did not help. The next task's memory overlaps this one's work.
+struct NextTask {
+  const Task* t;  // null: none
+  int64_t done = 0, per_key = 0;
+  NextTask(const Task* next, int64_t keys) : t(next) {
+    if (t) per_key = (2 * t->n + 2 * keys - 1) / (2 * keys);  // spread over this task's keys and values
+  }
+  template <int D>
+  void fetch_some() {
+    if (!t) return;
+    for (int64_t i = 0; i < per_key && done < 2 * t->n; ++i, ++done) {
+      const char* p = (const char*)(done < t->n ? vector_at(*t, t->keys, done, D) : vector_at(*t, t->values, done - t->n, D));
+      for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+    }
+  }
+};
+
 // G query heads of dim 32 C, one KV head.
 template <int G, int C>
-AVX512_BF16 void attend(const Task& t) {
+AVX512_BF16 void attend(const Task& t, const Task* next) {
   constexpr int D = 32 * C, V = 2 * C;  // dim; float32 vectors a head
   const int64_t n = t.n, stride = (n + kKeys - 1) / kKeys * kKeys;
-  auto key_at = [&](const bf16* base, int64_t k) {
-    return base + (t.table[k / t.block_size] * t.block_size + k % t.block_size) * D;
-  };
-  auto prefetch = [&](int64_t k) {  // key k, then value k - n; a row's blocks lie anywhere in the pool
-    if (k >= 2 * n) return;
-    const char* p = (const char*)(k < n ? key_at(t.keys, k) : key_at(t.values, k - n));
-    for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T0);
-  };
-  for (int64_t k = 0; k < std::min(n, kAhead); ++k) prefetch(k);
+  auto key_at = [&](const bf16* base, int64_t k) { return vector_at(t, base, k, D); };
+  NextTask upcoming(next, n);
 
   __m512bh q[G][C];
   for (int g = 0; g < G; ++g)
@@ -80,7 +97,7 @@ AVX512_BF16 void attend(const Task& t) {
         for (int g = 0; g < G; ++g) partial[g][j] = _mm512_setzero_ps();
         continue;
       }
-      prefetch(k + kAhead);
+      upcoming.fetch_some<D>();
       const bf16* key = key_at(t.keys, k);
       __m512bh kv[C];
       for (int c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(key + 32 * c);
@@ -115,7 +132,7 @@ AVX512_BF16 void attend(const Task& t) {
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v) acc[g][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < n; ++k) {
-    prefetch(n + k + kAhead);
+    upcoming.fetch_some<D>();
     const bf16* value = key_at(t.values, k);
     __m512 vv[V];
     for (int v = 0; v < V; ++v) vv[v] = widen(value + 16 * v);
@@ -133,7 +150,7 @@ AVX512_BF16 void attend(const Task& t) {
     }
 }
 
-using AttendFn = void (*)(const Task&);
+using AttendFn = void (*)(const Task&, const Task*);
 
 template <int C>
 AttendFn attend_for_group(int64_t group) {
@@ -205,12 +222,25 @@ void paged_decode(const py::array& q, const py::array& pool, const py::array& ta
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     thread_local std::vector<float> scores;
     scores.resize(kMaxGroup * ((longest + kKeys - 1) / kKeys * kKeys));
-    for (int64_t i = next++; i < tasks; i = next++) {  // one task at a time: the longest first (see order)
+    auto task_at = [&](int64_t i) {
       const int64_t task = op[i], r = task / kv_heads, h = task % kv_heads;
-      const Task t{qp + task * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
-                   tp + r * width, lp[r], block_size, scale, scores.data(),
-                   outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem, out_bf16};
-      fn(t);
+      return Task{qp + task * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
+                  tp + r * width, lp[r], block_size, scale, scores.data(),
+                  outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem, out_bf16};
+    };
+    // One task at a time, the longest first (see order); each thread claims its next task before it
+    // runs this one, so that task's keys are fetched meanwhile.
+    int64_t i = next++;
+    while (i < tasks) {
+      const int64_t j = next++;
+      const Task t = task_at(i);
+      if (j < tasks) {
+        const Task after = task_at(j);
+        fn(t, &after);
+      } else {
+        fn(t, nullptr);
+      }
+      i = j;
     }
   });
 }
