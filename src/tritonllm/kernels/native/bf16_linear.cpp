@@ -17,6 +17,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace {
 
 constexpr int64_t kCols = 16;        // output columns a block (one zmm of float32)
@@ -25,15 +27,11 @@ constexpr int64_t kRows = 6;         // rows computed together by the AVX512 ker
 constexpr int64_t kTileRows = 16;    // AMX: rows a tile
 constexpr int64_t kTileK = 32;       // AMX: K a tile dot product
 
-using bf16 = uint16_t;
+using tritonllm_native::Ahead;
+using tritonllm_native::bf16;
+using tritonllm_native::row_passes;
 
 // ---- AVX512-BF16 ----------------------------------------------------------------------------------
-
-// Lines of memory to fetch into L2 while a tile runs: `per_step` each K pair, `left` in all.
-struct Ahead {
-  const char* next;
-  int64_t left, per_step;
-};
 
 template <int R, int B>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -44,8 +42,7 @@ void avx512_tile(const bf16* x, int64_t ldx, const bf16* w, int64_t k2n, const f
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   const int64_t block = k2n * kCols * 2;  // elements a packed block
   for (int64_t k2 = 0; k2 < k2n; ++k2) {
-    for (int64_t i = 0; i < ahead.per_step && ahead.left > 0; ++i, --ahead.left, ahead.next += 64)
-      _mm_prefetch(ahead.next, _MM_HINT_T1);
+    ahead.fetch();
     __m512bh wv[B];
     for (int b = 0; b < B; ++b) wv[b] = (__m512bh)_mm512_loadu_si512(w + b * block + k2 * kCols * 2);
     for (int r = 0; r < R; ++r) {
@@ -88,23 +85,15 @@ TileFn tile_for(int64_t rows, int64_t blocks) {
 
 void avx512_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float* bias, bf16* out, int64_t n,
                     int64_t first_block, int64_t last_block) {
-  // A group's weight comes from memory in its first pass over the rows and from cache in the others.
-  // The next group's is fetched into L2 during this group's passes, so memory and the FMAs overlap.
-  // Passes are of near-equal rows (32 = 5 + 5 + 5 + 5 + 6 + 6, not 6 x 5 + 2): a pass of few rows
-  // keeps too few accumulators to hide the FMA's latency. Neither changes any element's arithmetic.
-  const int64_t k2n = k / 2, block = k2n * kCols * 2, passes = (m + kRows - 1) / kRows;
+  const int64_t k2n = k / 2, block = k2n * kCols * 2;
   for (int64_t b0 = first_block; b0 < last_block; b0 += kGroup) {
     const int64_t blocks = std::min(kGroup, last_block - b0);
-    const int64_t next_lines = std::min(kGroup, last_block - b0 - blocks) * block * int64_t(sizeof(bf16)) / 64;
-    const char* next = reinterpret_cast<const char*>(w + (b0 + blocks) * block);
-    for (int64_t pass = 0, r0 = 0; pass < passes; ++pass) {
-      const int64_t rows = (m - r0) / (passes - pass);
-      const int64_t first_line = next_lines * pass / passes, lines = next_lines * (pass + 1) / passes - first_line;
-      const Ahead ahead{next + first_line * 64, passes > 1 ? lines : 0, (lines + k2n - 1) / k2n};
-      tile_for(rows, blocks)(x + r0 * k, k, w + b0 * block, k2n, bias ? bias + b0 * kCols : nullptr,
-                             out + r0 * n + b0 * kCols, n, ahead);
-      r0 += rows;
-    }
+    const int64_t next_blocks = std::min(kGroup, last_block - b0 - blocks);
+    row_passes(m, kRows, w + (b0 + blocks) * block, next_blocks * block * int64_t(sizeof(bf16)), k2n,
+               [&](int64_t r0, int64_t rows, Ahead ahead) {
+                 tile_for(rows, blocks)(x + r0 * k, k, w + b0 * block, k2n, bias ? bias + b0 * kCols : nullptr,
+                                        out + r0 * n + b0 * kCols, n, ahead);
+               });
   }
 }
 

@@ -22,7 +22,9 @@
 
 namespace {
 
+using tritonllm_native::Ahead;
 using tritonllm_native::bf16;
+using tritonllm_native::row_passes;
 using tritonllm_native::narrow;
 using tritonllm_native::widen;
 
@@ -59,12 +61,13 @@ AVX512_VNNI void quantize_row(const bf16* x, int64_t k, int8_t* q, float* scales
 
 template <int R, int B>
 AVX512_VNNI void vnni_tile(const Quantized& rows, int64_t r0, int64_t k, const uint8_t* w, const float* w_scales,
-                           const float* bias, bf16* out, int64_t ldo) {
+                           const float* bias, bf16* out, int64_t ldo, Ahead ahead) {
   const int64_t groups = k / kGroupK, block = k * kCols;  // bytes a packed block
   __m512 acc[R][B];
   for (int r = 0; r < R; ++r)
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    ahead.fetch();  // once a group of K: a check at each of its 8 steps made a lone row 1.3x slower
     __m512i sum[R][B];
     for (int r = 0; r < R; ++r) {
       const __m512i start = _mm512_set1_epi32(rows.starts[(r0 + r) * groups + g]);
@@ -97,7 +100,8 @@ AVX512_VNNI void vnni_tile(const Quantized& rows, int64_t r0, int64_t k, const u
     }
 }
 
-using TileFn = void (*)(const Quantized&, int64_t, int64_t, const uint8_t*, const float*, const float*, bf16*, int64_t);
+using TileFn = void (*)(const Quantized&, int64_t, int64_t, const uint8_t*, const float*, const float*, bf16*, int64_t,
+                        Ahead);
 
 template <int R>
 TileFn tile_for_blocks(int64_t blocks) {
@@ -168,10 +172,12 @@ torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, c
     for (int64_t share = first; share < last; ++share) {
       const int64_t b_first = blocks * share / shares, b_last = blocks * (share + 1) / shares;
       for (int64_t b0 = b_first; b0 < b_last; b0 += kBlocks) {
-        const int64_t nb = std::min(kBlocks, b_last - b0);
-        for (int64_t r0 = 0; r0 < m; r0 += kRows)
-          tile_for(std::min(kRows, m - r0), nb)(q, r0, k, wp + b0 * block, sp + b0 * groups * kCols,
-                                                bp ? bp + b0 * kCols : nullptr, op + b0 * kCols, n);
+        const int64_t nb = std::min(kBlocks, b_last - b0), next_blocks = std::min(kBlocks, b_last - b0 - nb);
+        row_passes(m, kRows, wp + (b0 + nb) * block, next_blocks * block, k / kGroupK,
+                   [&](int64_t r0, int64_t rows, Ahead ahead) {
+                     tile_for(rows, nb)(q, r0, k, wp + b0 * block, sp + b0 * groups * kCols,
+                                        bp ? bp + b0 * kCols : nullptr, op + b0 * kCols, n, ahead);
+                   });
       }
     }
   });

@@ -38,6 +38,34 @@ AVX512_BF16 inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, n);
 }
 
+// A linear's passes over the rows for one group of weight blocks (bf16_linear.cpp, int8_linear.cpp).
+// The group's weight comes from memory in the first pass and from cache in the others, so the next
+// group's is fetched into L2 a few lines a step of K, spread over this group's passes: memory works
+// while the dot products run. Passes are of near-equal rows (32 by at most 6: 5 5 5 5 6 6, not
+// 6 x 5 + 2): a pass of few rows keeps too few accumulators to hide the dot product's latency.
+// Neither changes any output element's arithmetic.
+struct Ahead {
+  const char* next;
+  int64_t left, per_step;
+  inline void fetch() {
+    for (int64_t i = 0; i < per_step && left > 0; ++i, --left, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+  }
+};
+
+// pass(first row, rows, ahead) for each pass; `steps`: the steps of K a pass takes.
+template <typename Pass>
+void row_passes(int64_t m, int64_t max_rows, const void* next_group, int64_t next_bytes, int64_t steps, Pass pass) {
+  const int64_t passes = (m + max_rows - 1) / max_rows, lines = next_bytes / 64;
+  for (int64_t p = 0, r0 = 0; p < passes; ++p) {
+    const int64_t rows = (m - r0) / (passes - p);
+    const int64_t first = lines * p / passes, count = lines * (p + 1) / passes - first;
+    // a lone pass streams its own weight: fetching the next group too measured slower (lone rows)
+    pass(r0, rows, Ahead{static_cast<const char*>(next_group) + first * 64, passes > 1 ? count : 0,
+                         (count + steps - 1) / steps});
+    r0 += rows;
+  }
+}
+
 // A numpy array's data, checked: its number of dimensions, dtype and C order (`op` names the caller).
 template <typename T>
 T* data_of(const py::array& a, const char* op, const char* name, int dims) {
