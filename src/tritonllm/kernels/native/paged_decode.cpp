@@ -7,6 +7,9 @@
 //   so no key pays a horizontal sum of its own;
 // - softmax in float32 (a polynomial exp within 2 ulp of expf), then values accumulated with
 //   vertical FMAs, key after key;
+// - a row longer than kPart keys is split into parts of kPart (the last shorter), each part a task
+//   with its own peak and sum, merged in part order when all are done: a lone long row keeps both
+//   threads busy (3 KV heads on 2 threads left one idle a third of the time);
 // - every sum runs in one fixed order that depends on the row's own length only, and tasks are
 //   taken one at a time by whichever thread is free: a row's bits never depend on the batch.
 #include "vector_math.h"
@@ -22,6 +25,7 @@ namespace {
 
 constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
 constexpr int kMaxGroup = 8;       // query heads a KV head
+constexpr int64_t kPart = 1024;    // keys a task at most: a longer row is split into parts of this many
 
 // Lane i of the result is the sum of v[i]'s lanes, summed in one fixed order.
 AVX512_BF16 inline __m512 sum_each(__m512 v[16]) {
@@ -44,11 +48,14 @@ struct Task {
   const bf16* keys;      // this KV head's keys in the pool
   const bf16* values;    // and values
   const int64_t* table;  // the row's blocks
-  int64_t n, block_size;
+  int64_t first, n;      // the task's keys: [first, first + n) of the row's
+  int64_t block_size;
   float scale;
   float* scores;         // (group, n rounded up to 16), scratch
   void* out;             // (group, dim): float32, or bf16 (rounded to nearest even)
   bool out_bf16;
+  float* part;           // a part of a split row: (group, dim + 2), its unscaled sum, peak and total;
+                         // null: the whole row, into out
 };
 
 // Key (or value) k of a task's row, of dim D, in the pool.
@@ -70,7 +77,8 @@ struct NextTask {
   void fetch_some() {
     if (!t) return;
     for (int64_t i = 0; i < per_key && done < 2 * t->n; ++i, ++done) {
-      const char* p = (const char*)(done < t->n ? vector_at(*t, t->keys, done, D) : vector_at(*t, t->values, done - t->n, D));
+      const char* p = (const char*)(done < t->n ? vector_at(*t, t->keys, t->first + done, D)
+                                                : vector_at(*t, t->values, t->first + done - t->n, D));
       for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
     }
   }
@@ -81,7 +89,7 @@ template <int G, int C>
 AVX512_BF16 void attend(const Task& t, const Task* next) {
   constexpr int D = 32 * C, V = 2 * C;  // dim; float32 vectors a head
   const int64_t n = t.n, stride = (n + kKeys - 1) / kKeys * kKeys;
-  auto key_at = [&](const bf16* base, int64_t k) { return vector_at(t, base, k, D); };
+  auto key_at = [&](const bf16* base, int64_t k) { return vector_at(t, base, t.first + k, D); };
   NextTask upcoming(next, n);
 
   __m512bh q[G][C];
@@ -111,7 +119,8 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
       _mm512_storeu_ps(t.scores + g * stride + first, _mm512_mul_ps(sum_each(partial[g]), _mm512_set1_ps(t.scale)));
   }
 
-  for (int g = 0; g < G; ++g) {  // softmax, in place
+  float tops[G], totals[G];
+  for (int g = 0; g < G; ++g) {  // softmax, in place (a part: exp(s - its peak), not yet divided)
     float* s = t.scores + g * stride;
     const __mmask16 tail = (__mmask16)((1u << (n % kKeys ? n % kKeys : kKeys)) - 1);
     __m512 peak = _mm512_set1_ps(-INFINITY);
@@ -124,7 +133,10 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
       _mm512_storeu_ps(s + k, e);
       total = _mm512_mask_add_ps(total, k + kKeys <= n ? (__mmask16)0xFFFF : tail, total, e);
     }
-    const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(total));
+    tops[g] = _mm512_cvtss_f32(top);
+    totals[g] = _mm512_reduce_add_ps(total);
+    if (t.part) continue;
+    const __m512 sum = _mm512_set1_ps(totals[g]);
     for (int64_t k = 0; k < n; k += kKeys) _mm512_storeu_ps(s + k, _mm512_div_ps(_mm512_loadu_ps(s + k), sum));
   }
 
@@ -141,6 +153,14 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
       for (int v = 0; v < V; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
     }
   }
+  if (t.part) {
+    for (int g = 0; g < G; ++g) {
+      for (int v = 0; v < V; ++v) _mm512_storeu_ps(t.part + g * (D + 2) + 16 * v, acc[g][v]);
+      t.part[g * (D + 2) + D] = tops[g];
+      t.part[g * (D + 2) + D + 1] = totals[g];
+    }
+    return;
+  }
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v) {
       if (t.out_bf16)
@@ -148,6 +168,33 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
       else
         _mm512_storeu_ps((float*)t.out + g * D + 16 * v, acc[g][v]);
     }
+}
+
+// A split row's parts (each (group, dim + 2), in part order) into its result: every sum in part order.
+AVX512_BF16 void merge_parts(const float* parts, int64_t count, int64_t group, int64_t dim, void* out, bool out_bf16) {
+  const int64_t stride = group * (dim + 2);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* first = parts + g * (dim + 2);
+    float peak = first[dim];
+    for (int64_t i = 1; i < count; ++i) peak = std::max(peak, first[i * stride + dim]);
+    float total = 0;
+    __m512 acc[8];  // dim <= 128
+    for (int64_t v = 0; v < dim / 16; ++v) acc[v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < count; ++i) {
+      const float* part = first + i * stride;
+      const __m512 weight = exp_ps(_mm512_set1_ps(part[dim] - peak));
+      total += _mm512_cvtss_f32(weight) * part[dim + 1];
+      for (int64_t v = 0; v < dim / 16; ++v) acc[v] = _mm512_fmadd_ps(weight, _mm512_loadu_ps(part + 16 * v), acc[v]);
+    }
+    const __m512 sum = _mm512_set1_ps(total);
+    for (int64_t v = 0; v < dim / 16; ++v) {
+      const __m512 r = _mm512_div_ps(acc[v], sum);
+      if (out_bf16)
+        narrow((bf16*)out + g * dim + 16 * v, r);
+      else
+        _mm512_storeu_ps((float*)out + g * dim + 16 * v, r);
+    }
+  }
 }
 
 using AttendFn = void (*)(const Task&, const Task*);
@@ -215,32 +262,47 @@ void paged_decode(const py::array& q, const py::array& pool, const py::array& ta
     TORCH_CHECK(op[i] >= 0 && op[i] < rows * kv_heads, "paged_decode: order holds a task out of range");
   char* outp = static_cast<char*>(out.mutable_data());
   const int64_t head_elems = blocks * block_size * dim, out_elem = out_bf16 ? 2 : 4;
-  const int64_t tasks = rows * kv_heads;
+  auto out_of = [&](int64_t r, int64_t h) { return outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem; };
+  // The tasks in `order` (the longest rows first), a split row's parts in turn, and its parts' scratch.
+  auto parts_of = [&](int64_t r) { return (lp[r] + kPart - 1) / kPart; };
+  int64_t part_count = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    if (parts_of(r) > 1) part_count += parts_of(r) * kv_heads;
+  std::vector<float> partials(part_count * group * (dim + 2));
+  struct Split { int64_t r, h; float* parts; int64_t count; };
+  std::vector<Task> list;
+  std::vector<Split> splits;
+  float* next_part = partials.data();
+  for (int64_t i = 0; i < rows * kv_heads; ++i) {
+    const int64_t r = op[i] / kv_heads, h = op[i] % kv_heads, parts = parts_of(r);
+    if (parts > 1) splits.push_back({r, h, next_part, parts});
+    for (int64_t p = 0; p < parts; ++p) {
+      list.push_back(Task{qp + op[i] * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
+                          tp + r * width, p * kPart, std::min(kPart, lp[r] - p * kPart), block_size, scale, nullptr,
+                          out_of(r, h), out_bf16, parts > 1 ? next_part : nullptr});
+      if (parts > 1) next_part += group * (dim + 2);
+    }
+  }
+  const int64_t tasks = list.size(), longest_task = std::min(longest, kPart);
   py::gil_scoped_release released;
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     thread_local std::vector<float> scores;
-    scores.resize(kMaxGroup * ((longest + kKeys - 1) / kKeys * kKeys));
-    auto task_at = [&](int64_t i) {
-      const int64_t task = op[i], r = task / kv_heads, h = task % kv_heads;
-      return Task{qp + task * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
-                  tp + r * width, lp[r], block_size, scale, scores.data(),
-                  outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem, out_bf16};
-    };
-    // One task at a time, the longest first (see order); each thread claims its next task before it
-    // runs this one, so that task's keys are fetched meanwhile.
+    scores.resize(kMaxGroup * ((longest_task + kKeys - 1) / kKeys * kKeys));
+    // One task at a time, in the list's order; each thread claims its next task before it runs this
+    // one, so that task's keys are fetched meanwhile.
     int64_t i = next++;
     while (i < tasks) {
       const int64_t j = next++;
-      const Task t = task_at(i);
-      if (j < tasks) {
-        const Task after = task_at(j);
-        fn(t, &after);
-      } else {
-        fn(t, nullptr);
-      }
+      Task t = list[i];
+      t.scores = scores.data();
+      fn(t, j < tasks ? &list[j] : nullptr);
       i = j;
     }
+  });
+  at::parallel_for(0, splits.size(), 1, [&](int64_t first, int64_t last) {
+    for (int64_t s = first; s < last; ++s)
+      merge_parts(splits[s].parts, splits[s].count, group, dim, out_of(splits[s].r, splits[s].h), out_bf16);
   });
 }
