@@ -58,27 +58,42 @@ struct Task {
                          // null: the whole row, into out
 };
 
-// Key (or value) k of a task's row, of dim D, in the pool.
-inline const bf16* vector_at(const Task& t, const bf16* base, int64_t k, int64_t dim) {
-  return base + (t.table[k / t.block_size] * t.block_size + k % t.block_size) * dim;
-}
+// A task's keys (or values) in order, through its row's block table, with no division a key (in cache
+// a 32 x 600 layer took 0.9 of the time; from memory the same).
+struct Cursor {
+  const bf16* base = nullptr;
+  const int64_t* table = nullptr;
+  int64_t block_size = 1, dim = 0, block = 0, offset = 0;
+  Cursor() = default;
+  Cursor(const Task& t, const bf16* base, int64_t dim)
+      : base(base), table(t.table), block_size(t.block_size), dim(dim), block(t.first / t.block_size),
+        offset(t.first % t.block_size) {}
+  const bf16* next() {  // this vector, then move on
+    const bf16* at = base + (table[block] * block_size + offset) * dim;
+    if (++offset == block_size) offset = 0, ++block;
+    return at;
+  }
+};
 
 // The keys then values of the task a thread runs next, asked into L2 a few a key while this one runs.
 // A row's blocks lie anywhere in the pool, so the hardware's prefetchers barely help; and a core alone
 // keeps too few misses in flight to stream a task's keys once it waits on them: prefetching within the
 // task (any distance, any cache level) did not help. The next task's memory overlaps this one's work.
+template <int D>
 struct NextTask {
   const Task* t;  // null: none
+  Cursor keys, values;
   int64_t done = 0, per_key = 0;
-  NextTask(const Task* next, int64_t keys) : t(next) {
-    if (t) per_key = (2 * t->n + 2 * keys - 1) / (2 * keys);  // spread over this task's keys and values
+  NextTask(const Task* next, int64_t keys_here) : t(next) {
+    if (!t) return;
+    keys = Cursor(*t, t->keys, D);
+    values = Cursor(*t, t->values, D);
+    per_key = (2 * t->n + 2 * keys_here - 1) / (2 * keys_here);  // spread over this task's keys and values
   }
-  template <int D>
   void fetch_some() {
     if (!t) return;
     for (int64_t i = 0; i < per_key && done < 2 * t->n; ++i, ++done) {
-      const char* p = (const char*)(done < t->n ? vector_at(*t, t->keys, t->first + done, D)
-                                                : vector_at(*t, t->values, t->first + done - t->n, D));
+      const char* p = (const char*)(done < t->n ? keys.next() : values.next());
       for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
     }
   }
@@ -89,8 +104,8 @@ template <int G, int C>
 AVX512_BF16 void attend(const Task& t, const Task* next) {
   constexpr int D = 32 * C, V = 2 * C;  // dim; float32 vectors a head
   const int64_t n = t.n, stride = (n + kKeys - 1) / kKeys * kKeys;
-  auto key_at = [&](const bf16* base, int64_t k) { return vector_at(t, base, t.first + k, D); };
-  NextTask upcoming(next, n);
+  NextTask<D> upcoming(next, n);
+  Cursor keys(t, t.keys, D), values(t, t.values, D);
 
   __m512bh q[G][C];
   for (int g = 0; g < G; ++g)
@@ -105,8 +120,8 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
         for (int g = 0; g < G; ++g) partial[g][j] = _mm512_setzero_ps();
         continue;
       }
-      upcoming.fetch_some<D>();
-      const bf16* key = key_at(t.keys, k);
+      upcoming.fetch_some();
+      const bf16* key = keys.next();
       __m512bh kv[C];
       for (int c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(key + 32 * c);
       for (int g = 0; g < G; ++g) {
@@ -144,8 +159,8 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
   for (int g = 0; g < G; ++g)
     for (int v = 0; v < V; ++v) acc[g][v] = _mm512_setzero_ps();
   for (int64_t k = 0; k < n; ++k) {
-    upcoming.fetch_some<D>();
-    const bf16* value = key_at(t.values, k);
+    upcoming.fetch_some();
+    const bf16* value = values.next();
     __m512 vv[V];
     for (int v = 0; v < V; ++v) vv[v] = widen(value + 16 * v);
     for (int g = 0; g < G; ++g) {
