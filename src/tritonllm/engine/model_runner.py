@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
-from tritonllm.kernels import layer_kernels, native, paged_attention, prefill_attention
+from tritonllm.kernels import decode_layers, layer_kernels, native, paged_attention, prefill_attention
 from tritonllm.engine.fused_weights import fuse_layer
 from tritonllm.engine.kv_cache import PagedKVCache
 from tritonllm.kernels.linear import Call, call_ranges, linear, nbytes, prepare
@@ -149,6 +150,12 @@ class ModelRunner:
                 layer_kernels.warm_up()
             self.rotary_cos, self.rotary_sin = as_numpy(self.rotary.cos), as_numpy(self.rotary.sin)
             self.norm_weights = {id(w): as_numpy(w) for lw in self.layers for w in (lw.input_norm, lw.post_norm)}
+        # A step whose rows all decode runs its layers in one native call where every piece has a
+        # native kernel (decode_layers.py: the same kernels and bits as the loop); None: the loop.
+        self.decode_layers = (decode_layers.build(self.layers, self.cache.layers, self.rotary.cos, self.rotary.sin,
+                                                  self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                                                  self.scaling)
+                              if self.cpu_kernels and self.native_attention else None)
 
     def slot_blocks(self, slot: int) -> list[int]:
         """The blocks of lane `slot`: a fixed table, at home (benchmarks, tests)."""
@@ -190,16 +197,13 @@ class ModelRunner:
                           rms_norm(qkv[:, heads:heads + kv_heads], w.k_norm, self.eps),
                           qkv[:, heads + kv_heads:]], dim=1).view(qkv.shape[0], -1)
 
-    @torch.inference_mode()
-    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """Run the chunks; return float32 logits in chunk order: every row of an `all_logits` chunk,
-        the last row of any other chunk that wants logits."""
-        layout = self.layout(chunks)
+    def layer_loop(self, layout: StepLayout, hidden: torch.Tensor):
+        """The decoder layers a piece a call: (hidden, the last layer's output, not yet added)."""
         ops = (KernelOps if self.cpu_kernels else TorchOps)(self, layout)
         # How the matmuls cut the rows (linear.py): for batch invariance, or all in one call.
         calls = (call_ranges(layout.row_groups, self.row_block, self.tile_rows) if self.batch_invariant
                  else [Call(0, len(layout.ids), len(layout.ids))])
-        hidden, delta = self.embed(torch.tensor(layout.ids, device=self.device)), None  # (T, hidden)
+        delta = None
         for layer_idx, w in enumerate(self.layers):
             hidden, h = ops.add_norm(hidden, delta, w.input_norm)
             qkv = linear(h, w.qkv, w.qkv_bias, calls)
@@ -207,6 +211,21 @@ class ModelRunner:
                 qkv = self.qk_norm(qkv, w)
             hidden, h = ops.add_norm(hidden, linear(ops.attention(qkv, layer_idx), w.o, w.o_bias, calls), w.post_norm)
             delta = linear(ops.act_mul(linear(h, w.gate_up, calls=calls)), w.down, calls=calls)
+        return hidden, delta
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """Run the chunks; return float32 logits in chunk order: every row of an `all_logits` chunk,
+        the last row of any other chunk that wants logits."""
+        layout = self.layout(chunks)
+        hidden = self.embed(torch.tensor(layout.ids, device=self.device))  # (T, hidden)
+        if self.decode_layers is not None and not layout.prompt_chunks:
+            tables, lengths, order = paged_attention.decode_rows(layout.decode_lengths, layout.decode_tables,
+                                                                 self.num_kv_heads)
+            delta = self.decode_layers.forward(hidden, np.asarray(layout.positions, np.int64),
+                                               np.asarray(layout.write_index, np.int64), tables, lengths, order)
+        else:
+            hidden, delta = self.layer_loop(layout, hidden)
         hidden = hidden + delta
         last = [row for end, c in zip(layout.ends, chunks) for row in logit_rows(c, end)]
         if not last:

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 SWITCH_ENV = "TRITONLLM_NATIVE_KERNELS"
 SOURCES = tuple(Path(__file__).parent / "native" / name
-                for name in ("module.cpp", "bf16_linear.cpp", "int8_linear.cpp", "paged_decode.cpp", "layer_ops.cpp"))
-HEADERS = tuple(Path(__file__).parent / "native" / name for name in ("vector_math.h",))
+                for name in ("module.cpp", "bf16_linear.cpp", "int8_linear.cpp", "paged_decode.cpp", "layer_ops.cpp",
+                              "decode_layers.cpp"))
+HEADERS = tuple(Path(__file__).parent / "native" / name for name in ("vector_math.h", "kernel_api.h"))
 CFLAGS = ["-O3", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own threads
 
 

@@ -134,6 +134,19 @@ def warm_up(dtype: torch.dtype) -> None:
         decode.run(np.zeros((1, 1, 1, 16), np.float32), pool, np.zeros((1, 16), np.uint16), decode.out_rows)
 
 
+def decode_rows(lengths: list[int], tables: list[list[int]], num_kv_heads: int):
+    """The kernels' view of a step's decode rows: tables (rows, longest table) int64, zero past a
+    table's end (block 0, never read), lengths (rows,) int64, and the order of their (row, KV head)
+    tasks: the longest rows first, so that no thread is left with a long task at the end."""
+    width = max(len(t) for t in tables)
+    table_array = np.zeros((len(tables), width), np.int64)
+    for i, t in enumerate(tables):
+        table_array[i, :len(t)] = t
+    length_array = np.asarray(lengths, np.int64)
+    tasks = np.arange(len(lengths) * num_kv_heads, dtype=np.int64)
+    return table_array, length_array, tasks[np.argsort(-np.repeat(length_array, num_kv_heads), kind="stable")]
+
+
 class PagedDecode:
     """Made once per step for its decode rows; `__call__` runs one layer's attention for them."""
 
@@ -142,13 +155,7 @@ class PagedDecode:
         """use_native: a bf16 pool to native/paged_decode.cpp where it has the shape (None: where the
         native kernels load now; a runner fixes it at its load)."""
         numba.set_num_threads(min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # this thread's
-        width = max(len(t) for t in tables)
-        self.tables = np.zeros((len(tables), width), np.int64)  # block 0 past a table's end: never read
-        for i, t in enumerate(tables):
-            self.tables[i, :len(t)] = t
-        self.lengths = np.asarray(lengths, np.int64)
-        tasks = np.arange(len(lengths) * num_kv_heads, dtype=np.int64)
-        self.order = tasks[np.argsort(-np.repeat(self.lengths, num_kv_heads), kind="stable")]
+        self.tables, self.lengths, self.order = decode_rows(lengths, tables, num_kv_heads)
         self.scaling = np.float32(scaling)
         self.num_kv_heads = num_kv_heads
         self.out = np.empty((len(lengths), num_kv_heads * group * head_dim), np.float32)

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernel_api.h"
 #include "vector_math.h"
 
 namespace {
@@ -209,6 +210,22 @@ torch::Tensor pack(const torch::Tensor& weight) {
   return weight.contiguous().view({n / kCols, kCols, k / 2, 2}).permute({0, 2, 1, 3}).contiguous();
 }
 
+void tritonllm_native::bf16_linear_into(const bf16* x, int64_t m, int64_t k, const bf16* packed, int64_t blocks,
+                                        const float* bias, bf16* out, bool amx) {
+  if (m == 0) return;
+  const int64_t n = blocks * kCols;
+  // Each thread an even share of the blocks: whole groups of 4 split 36 blocks (a 576-wide weight)
+  // 20 / 16 over two threads, a tenth slower than 18 / 18.
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / kGroup));
+  at::parallel_for(0, shares, 1, [&](int64_t first, int64_t last) {
+    for (int64_t share = first; share < last; ++share) {
+      const int64_t b0 = blocks * share / shares, b1 = blocks * (share + 1) / shares;
+      if (amx) amx_columns(x, m, k, packed, bias, out, n, b0, b1);
+      else avx512_columns(x, m, k, packed, bias, out, n, b0, b1);
+    }
+  });
+}
+
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& bias,
                      bool amx) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "linear: 2-d bfloat16 rows");
@@ -220,23 +237,14 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   torch::Tensor bias32;
   if (bias.has_value() && bias->defined()) bias32 = bias->to(torch::kFloat).contiguous();
   torch::Tensor out = torch::empty({m, n}, x.options());
-  if (m == 0) return out;
-  const bf16* xp = reinterpret_cast<const bf16*>(rows.data_ptr());
-  const bf16* wp = reinterpret_cast<const bf16*>(packed.data_ptr());
-  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  bf16* op = reinterpret_cast<bf16*>(out.data_ptr());
-  // Each thread an even share of the blocks: whole groups of 4 split 36 blocks (a 576-wide weight)
-  // 20 / 16 over two threads, a tenth slower than 18 / 18.
-  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / kGroup));
-  at::parallel_for(0, shares, 1, [&](int64_t first, int64_t last) {
-    for (int64_t share = first; share < last; ++share) {
-      const int64_t b0 = blocks * share / shares, b1 = blocks * (share + 1) / shares;
-      if (amx) amx_columns(xp, m, k, wp, bp, op, n, b0, b1);
-      else avx512_columns(xp, m, k, wp, bp, op, n, b0, b1);
-    }
-  });
+  tritonllm_native::bf16_linear_into(reinterpret_cast<const bf16*>(rows.data_ptr()), m, k,
+                                     reinterpret_cast<const bf16*>(packed.data_ptr()), blocks,
+                                     bias32.defined() ? bias32.data_ptr<float>() : nullptr,
+                                     reinterpret_cast<bf16*>(out.data_ptr()), amx);
   return out;
 }
+
+bool tritonllm_native::amx_linear_permitted() { return amx_permitted(); }
 
 double peak_flops(bool amx, double seconds) {
   // FLOP/s of the dot-product instruction on every thread at once, the best of 3 timed rounds.

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernel_api.h"
 #include "vector_math.h"
 
 namespace {
@@ -138,33 +139,19 @@ std::vector<torch::Tensor> pack_int8(const torch::Tensor& values, const torch::T
   return {packed, packed_scales};
 }
 
-torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
-                          const c10::optional<torch::Tensor>& bias) {
-  // packed, scales: from pack_int8
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "linear_int8: 2-d bfloat16 rows");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kByte && packed.size(2) == kCols &&
-              packed.size(3) == kQuads, "linear_int8: a weight from pack_int8");
-  const int64_t m = x.size(0), k = x.size(1), blocks = packed.size(0), n = blocks * kCols;
-  TORCH_CHECK(packed.size(1) * kQuads == k, "linear_int8: rows have ", k, " features, the weight ",
-              packed.size(1) * kQuads);
-  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == blocks && scales.size(1) == k / kGroupK &&
-              scales.scalar_type() == torch::kFloat, "linear_int8: scales from pack_int8");
-  const torch::Tensor rows = x.contiguous(), w_scales = scales.contiguous();
-  torch::Tensor bias32;
-  if (bias.has_value() && bias->defined()) bias32 = bias->to(torch::kFloat).contiguous();
-  torch::Tensor out = torch::empty({m, n}, x.options());
-  if (m == 0) return out;
-  const bf16* xp = reinterpret_cast<const bf16*>(rows.data_ptr());
-  const int64_t groups = k / kGroupK;
-  Quantized q{std::vector<int8_t>(m * k), std::vector<float>(m * groups), std::vector<int32_t>(m * groups)};
+void tritonllm_native::int8_linear_into(const bf16* xp, int64_t m, int64_t k, const uint8_t* wp, const float* sp,
+                                        int64_t blocks, const float* bp, bf16* op) {
+  if (m == 0) return;
+  const int64_t n = blocks * kCols, groups = k / kGroupK;
+  thread_local Quantized scratch;  // reused: a step calls this ~120 times
+  Quantized& q = scratch;  // the caller's, in the workers too (a thread_local named there is theirs)
+  q.q.resize(m * k);
+  q.scales.resize(m * groups);
+  q.starts.resize(m * groups);
   at::parallel_for(0, m, 16, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r)
       quantize_row(xp + r * k, k, q.q.data() + r * k, q.scales.data() + r * groups, q.starts.data() + r * groups);
   });
-  const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = w_scales.data_ptr<float>();
-  const float* bp = bias32.defined() ? bias32.data_ptr<float>() : nullptr;
-  bf16* op = reinterpret_cast<bf16*>(out.data_ptr());
   const int64_t block = k * kCols;
   // Each thread an even share of the blocks, as bf16_linear.cpp.
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks / kBlocks));
@@ -181,5 +168,26 @@ torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, c
       }
     }
   });
+}
+
+torch::Tensor linear_int8(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scales,
+                          const c10::optional<torch::Tensor>& bias) {
+  // packed, scales: from pack_int8
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16, "linear_int8: 2-d bfloat16 rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == torch::kByte && packed.size(2) == kCols &&
+              packed.size(3) == kQuads, "linear_int8: a weight from pack_int8");
+  const int64_t m = x.size(0), k = x.size(1), blocks = packed.size(0), n = blocks * kCols;
+  TORCH_CHECK(packed.size(1) * kQuads == k, "linear_int8: rows have ", k, " features, the weight ",
+              packed.size(1) * kQuads);
+  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == blocks && scales.size(1) == k / kGroupK &&
+              scales.scalar_type() == torch::kFloat, "linear_int8: scales from pack_int8");
+  const torch::Tensor rows = x.contiguous(), w_scales = scales.contiguous();
+  torch::Tensor bias32;
+  if (bias.has_value() && bias->defined()) bias32 = bias->to(torch::kFloat).contiguous();
+  torch::Tensor out = torch::empty({m, n}, x.options());
+  tritonllm_native::int8_linear_into(reinterpret_cast<const bf16*>(rows.data_ptr()), m, k, packed.data_ptr<uint8_t>(),
+                                     w_scales.data_ptr<float>(), blocks,
+                                     bias32.defined() ? bias32.data_ptr<float>() : nullptr,
+                                     reinterpret_cast<bf16*>(out.data_ptr()));
   return out;
 }

@@ -6,6 +6,7 @@
 // PyTorch's bits; a norm's sum of squares runs 16 lanes then one fixed tree, SiLU's exp is a
 // polynomial: those may differ from PyTorch in a last bit. Every row is computed by itself, in an
 // order fixed by its width alone: a row's bits never depend on the other rows of the call.
+#include "kernel_api.h"
 #include "vector_math.h"
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -68,7 +69,8 @@ AVX512_BF16 void silu_mul_row(const bf16* gate_up, bf16* out, int64_t width) {
   }
 }
 
-// x * cos + rotate_half(x) * sin for one head, sin carrying rotate_half's sign, each op rounded to bf16.
+// x * cos + rotate_half(x) * sin for one head, sin carrying rotate_half's sign, each op rounded to bf16;
+// to out in bf16 and to out32 in float32, where not null.
 AVX512_BF16 void rotate_head(const bf16* x, const bf16* cos, const bf16* sin, int64_t dim, bf16* out, float* out32) {
   const int64_t half = dim / 2;
   for (int64_t d0 = 0; d0 < half; d0 += 16) {
@@ -80,13 +82,41 @@ AVX512_BF16 void rotate_head(const bf16* x, const bf16* cos, const bf16* sin, in
       const __m512 a = round_bf16(_mm512_mul_ps(self, widen_n(cos + d, n)));
       const __m512 b = round_bf16(_mm512_mul_ps(partner, widen_n(sin + d, n)));
       const __m512 value = round_bf16(_mm512_add_ps(a, b));
-      narrow_n(out + d, value, n);
+      if (out) narrow_n(out + d, value, n);
       if (out32) _mm512_mask_storeu_ps(out32 + d, first(n), value);
     }
   }
 }
 
 }  // namespace
+
+void add_rms_norm_rows(bf16* h, const bf16* d, const bf16* w, float eps, bf16* o, int64_t rows, int64_t width) {
+  for_rows(rows, width, [&](int64_t t) {
+    add_rms_norm_row(h + t * width, d ? d + t * width : nullptr, w, eps, o + t * width, width);
+  });
+}
+
+void silu_mul_rows(const bf16* g, bf16* o, int64_t rows, int64_t width) {
+  for_rows(rows, 3 * width, [&](int64_t t) { silu_mul_row(g + t * 2 * width, o + t * width, width); });
+}
+
+void rotate_and_store_rows(const bf16* x, const bf16* cp, const bf16* sp, int64_t dim, const int64_t* pos,
+                           const int64_t* slot, int64_t tokens, bf16* pp, int64_t slots, int64_t heads,
+                           int64_t kv_heads, bf16* qo, const int64_t* dec, float* qd) {
+  const int64_t stride = (heads + 2 * kv_heads) * dim;
+  for_rows(tokens, stride, [&](int64_t t) {
+    const bf16* row = x + t * stride;
+    const bf16 *c = cp + pos[t] * dim, *s = sp + pos[t] * dim;
+    const int64_t decode_row = dec ? dec[t] : t;
+    for (int64_t h = 0; h < heads; ++h)
+      rotate_head(row + h * dim, c, s, dim, qo ? qo + t * heads * dim + h * dim : nullptr,
+                  decode_row >= 0 ? qd + decode_row * heads * dim + h * dim : nullptr);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      rotate_head(row + (heads + h) * dim, c, s, dim, pp + (h * slots + slot[t]) * dim, nullptr);
+      std::memcpy(pp + ((kv_heads + h) * slots + slot[t]) * dim, row + (heads + kv_heads + h) * dim, dim * sizeof(bf16));
+    }
+  });
+}
 
 void add_rms_norm(const py::array& hidden, const py::object& delta, const py::array& weight, float eps,
                   py::array& out) {
@@ -104,9 +134,7 @@ void add_rms_norm(const py::array& hidden, const py::object& delta, const py::ar
   TORCH_CHECK(weight.shape(0) == width && out.shape(0) == rows && out.shape(1) == width,
               op, ": weight or out does not fit hidden (", rows, ", ", width, ")");
   py::gil_scoped_release released;
-  for_rows(rows, width, [&](int64_t t) {
-    add_rms_norm_row(h + t * width, d ? d + t * width : nullptr, w, eps, o + t * width, width);
-  });
+  add_rms_norm_rows(h, d, w, eps, o, rows, width);
 }
 
 void silu_mul(const py::array& gate_up, py::array& out) {
@@ -116,7 +144,7 @@ void silu_mul(const py::array& gate_up, py::array& out) {
   const int64_t rows = out.shape(0), width = out.shape(1);
   TORCH_CHECK(gate_up.shape(0) == rows && gate_up.shape(1) == 2 * width, op, ": gate_up must be (rows, 2 x out's width)");
   py::gil_scoped_release released;
-  for_rows(rows, 3 * width, [&](int64_t t) { silu_mul_row(g + t * 2 * width, o + t * width, width); });
+  silu_mul_rows(g, o, rows, width);
 }
 
 // qkv (tokens, (heads + 2 kv_heads) x dim): q, k, v heads; cos, sin (positions, dim); pool
@@ -151,17 +179,7 @@ void rotate_and_store(const py::array& qkv, const py::array& cos, const py::arra
     TORCH_CHECK(dec[t] < q_decode.shape(0), op, ": decode row ", dec[t], " is out of range");
   }
   py::gil_scoped_release released;
-  for_rows(tokens, stride, [&](int64_t t) {
-    const bf16* row = x + t * stride;
-    const bf16 *c = cp + pos[t] * dim, *s = sp + pos[t] * dim;
-    for (int64_t h = 0; h < heads; ++h)
-      rotate_head(row + h * dim, c, s, dim, qo + t * heads * dim + h * dim,
-                  dec[t] >= 0 ? qd + dec[t] * heads * dim + h * dim : nullptr);
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      rotate_head(row + (heads + h) * dim, c, s, dim, pp + (h * slots + slot[t]) * dim, nullptr);
-      std::memcpy(pp + ((kv_heads + h) * slots + slot[t]) * dim, row + (heads + kv_heads + h) * dim, dim * sizeof(bf16));
-    }
-  });
+  rotate_and_store_rows(x, cp, sp, dim, pos, slot, tokens, pp, slots, heads, kv_heads, qo, dec, qd);
 }
 
 }  // namespace tritonllm_native

@@ -9,9 +9,10 @@
 //   vertical FMAs, key after key;
 // - a row longer than kPart keys is split into parts of kPart (the last shorter), each part a task
 //   with its own peak and sum, merged in part order when all are done: a lone long row keeps both
-//   threads busy (3 KV heads on 2 threads left one idle a third of the time);
+//   threads busy (3 KV heads on 2 threads left one idle half the call);
 // - every sum runs in one fixed order that depends on the row's own length only, and tasks are
 //   taken one at a time by whichever thread is free: a row's bits never depend on the batch.
+#include "kernel_api.h"
 #include "vector_math.h"
 #include <ATen/Parallel.h>
 #include <atomic>
@@ -239,45 +240,41 @@ AttendFn attend_for(int64_t group, int64_t dim) {
 
 }  // namespace
 
-bool paged_decode_supports(int64_t group, int64_t dim) { return attend_for(group, dim) != nullptr; }
+bool tritonllm_native::paged_decode_supports(int64_t group, int64_t dim) { return attend_for(group, dim) != nullptr; }
 
-// q (rows, kv_heads, group, dim) float32; pool (2 kv_heads, blocks, block_size, dim) bf16 bits, keys
-// then values; tables (rows, width), lengths (rows,), order (rows x kv_heads,) int64; row r's result
-// into out[out_rows[r]] (rows_out, kv_heads x group x dim), float32 or bf16 bits.
-void paged_decode(const py::array& q, const py::array& pool, const py::array& tables, const py::array& lengths,
-                  const py::array& order, float scale, py::array& out, const py::array& out_rows) {
-  const float* qp = data_of<float>(q, "paged_decode", "q", 4);
-  const bf16* pp = data_of<uint16_t>(pool, "paged_decode", "pool", 4);
-  const int64_t* tp = data_of<int64_t>(tables, "paged_decode", "tables", 2);
-  const int64_t* lp = data_of<int64_t>(lengths, "paged_decode", "lengths", 1);
-  const int64_t* op = data_of<int64_t>(order, "paged_decode", "order", 1);
-  const int64_t* rp = data_of<int64_t>(out_rows, "paged_decode", "out_rows", 1);
-  const int64_t rows = q.shape(0), kv_heads = q.shape(1), group = q.shape(2), dim = q.shape(3);
-  const int64_t blocks = pool.shape(1), block_size = pool.shape(2), width = tables.shape(1);
-  TORCH_CHECK(pool.shape(0) == 2 * kv_heads && pool.shape(3) == dim, "paged_decode: the pool's shape does not fit q");
-  TORCH_CHECK(tables.shape(0) == rows && lengths.shape(0) == rows && out_rows.shape(0) == rows &&
-              order.shape(0) == rows * kv_heads, "paged_decode: one table, length and out row a row");
-  TORCH_CHECK(out.ndim() == 2 && out.shape(1) == kv_heads * group * dim && (out.flags() & py::array::c_style),
-              "paged_decode: out must be (rows, heads x dim), C-contiguous");
-  const bool out_bf16 = out.dtype().is(py::dtype::of<uint16_t>());
-  TORCH_CHECK(out_bf16 || out.dtype().is(py::dtype::of<float>()), "paged_decode: out is float32 or bf16 bits");
-  const AttendFn fn = attend_for(group, dim);
-  TORCH_CHECK(fn != nullptr, "paged_decode: no kernel for ", group, " query heads a KV head of dim ", dim);
-  int64_t longest = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(lp[r] >= 1 && lp[r] <= width * block_size, "paged_decode: row ", r, " has ", lp[r],
-                " keys, its table holds ", width * block_size);
-    TORCH_CHECK(rp[r] >= 0 && rp[r] < out.shape(0), "paged_decode: out row ", rp[r], " is out of range");
-    for (int64_t b = 0; b < (lp[r] + block_size - 1) / block_size; ++b)
-      TORCH_CHECK(tp[r * width + b] >= 0 && tp[r * width + b] < blocks, "paged_decode: block ", tp[r * width + b],
-                  " of row ", r, " is not in the pool");
-    longest = std::max(longest, lp[r]);
+void tritonllm_native::check_paged_rows(const PagedRows& p) {
+  TORCH_CHECK(attend_for(p.group, p.dim) != nullptr, "paged_decode: no kernel for ", p.group,
+              " query heads a KV head of dim ", p.dim);
+  for (int64_t r = 0; r < p.rows; ++r) {
+    TORCH_CHECK(p.lengths[r] >= 1 && p.lengths[r] <= p.width * p.block_size, "paged_decode: row ", r, " has ",
+                p.lengths[r], " keys, its table holds ", p.width * p.block_size);
+    for (int64_t b = 0; b < (p.lengths[r] + p.block_size - 1) / p.block_size; ++b) {
+      const int64_t block = p.tables[r * p.width + b];
+      TORCH_CHECK(block >= 0 && block < p.blocks, "paged_decode: block ", block, " of row ", r, " is not in the pool");
+    }
   }
-  for (int64_t i = 0; i < rows * kv_heads; ++i)
-    TORCH_CHECK(op[i] >= 0 && op[i] < rows * kv_heads, "paged_decode: order holds a task out of range");
-  char* outp = static_cast<char*>(out.mutable_data());
-  const int64_t head_elems = blocks * block_size * dim, out_elem = out_bf16 ? 2 : 4;
-  auto out_of = [&](int64_t r, int64_t h) { return outp + (rp[r] * kv_heads * group + h * group) * dim * out_elem; };
+  std::vector<bool> seen(p.rows * p.kv_heads);
+  for (int64_t i = 0; i < p.rows * p.kv_heads; ++i) {
+    TORCH_CHECK(p.order[i] >= 0 && p.order[i] < p.rows * p.kv_heads && !seen[p.order[i]],
+                "paged_decode: order must hold each task once");
+    seen[p.order[i]] = true;
+  }
+}
+
+// Row r's result into out row out_rows[r] (null: r).
+void tritonllm_native::paged_decode_into(const PagedRows& p, const float* qp, const bf16* pp, void* out,
+                                         bool out_bf16, const int64_t* rp) {
+  const int64_t rows = p.rows, kv_heads = p.kv_heads, group = p.group, dim = p.dim, width = p.width;
+  const int64_t block_size = p.block_size;
+  const int64_t *lp = p.lengths, *tp = p.tables, *op = p.order;
+  const AttendFn fn = attend_for(group, dim);
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows; ++r) longest = std::max(longest, lp[r]);
+  char* outp = static_cast<char*>(out);
+  const int64_t head_elems = p.blocks * block_size * dim, out_elem = out_bf16 ? 2 : 4;
+  auto out_of = [&](int64_t r, int64_t h) {
+    return outp + ((rp ? rp[r] : r) * kv_heads * group + h * group) * dim * out_elem;
+  };
   // The tasks in `order` (the longest rows first), a split row's parts in turn, and its parts' scratch.
   auto parts_of = [&](int64_t r) { return (lp[r] + kPart - 1) / kPart; };
   int64_t part_count = 0;
@@ -291,15 +288,14 @@ void paged_decode(const py::array& q, const py::array& pool, const py::array& ta
   for (int64_t i = 0; i < rows * kv_heads; ++i) {
     const int64_t r = op[i] / kv_heads, h = op[i] % kv_heads, parts = parts_of(r);
     if (parts > 1) splits.push_back({r, h, next_part, parts});
-    for (int64_t p = 0; p < parts; ++p) {
+    for (int64_t part = 0; part < parts; ++part) {
       list.push_back(Task{qp + op[i] * group * dim, pp + h * head_elems, pp + (kv_heads + h) * head_elems,
-                          tp + r * width, p * kPart, std::min(kPart, lp[r] - p * kPart), block_size, scale, nullptr,
+                          tp + r * width, part * kPart, std::min(kPart, lp[r] - part * kPart), block_size, p.scale, nullptr,
                           out_of(r, h), out_bf16, parts > 1 ? next_part : nullptr});
       if (parts > 1) next_part += group * (dim + 2);
     }
   }
   const int64_t tasks = list.size(), longest_task = std::min(longest, kPart);
-  py::gil_scoped_release released;
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
@@ -320,4 +316,32 @@ void paged_decode(const py::array& q, const py::array& pool, const py::array& ta
     for (int64_t s = first; s < last; ++s)
       merge_parts(splits[s].parts, splits[s].count, group, dim, out_of(splits[s].r, splits[s].h), out_bf16);
   });
+}
+
+// q (rows, kv_heads, group, dim) float32; pool (2 kv_heads, blocks, block_size, dim) bf16 bits, keys
+// then values; tables (rows, width), lengths (rows,), order (rows x kv_heads,) int64; row r's result
+// into out[out_rows[r]] (rows_out, kv_heads x group x dim), float32 or bf16 bits.
+void paged_decode(const py::array& q, const py::array& pool, const py::array& tables, const py::array& lengths,
+                  const py::array& order, float scale, py::array& out, const py::array& out_rows) {
+  const float* qp = data_of<float>(q, "paged_decode", "q", 4);
+  const bf16* pp = data_of<uint16_t>(pool, "paged_decode", "pool", 4);
+  const int64_t* rp = data_of<int64_t>(out_rows, "paged_decode", "out_rows", 1);
+  const PagedRows rows{data_of<int64_t>(tables, "paged_decode", "tables", 2),
+                       data_of<int64_t>(lengths, "paged_decode", "lengths", 1),
+                       data_of<int64_t>(order, "paged_decode", "order", 1),
+                       q.shape(0), tables.shape(1), q.shape(1), q.shape(2), q.shape(3), pool.shape(1), pool.shape(2),
+                       scale};
+  TORCH_CHECK(pool.shape(0) == 2 * rows.kv_heads && pool.shape(3) == rows.dim,
+              "paged_decode: the pool's shape does not fit q");
+  TORCH_CHECK(tables.shape(0) == rows.rows && lengths.shape(0) == rows.rows && out_rows.shape(0) == rows.rows &&
+              order.shape(0) == rows.rows * rows.kv_heads, "paged_decode: one table, length and out row a row");
+  TORCH_CHECK(out.ndim() == 2 && out.shape(1) == rows.kv_heads * rows.group * rows.dim &&
+              (out.flags() & py::array::c_style), "paged_decode: out must be (rows, heads x dim), C-contiguous");
+  const bool out_bf16 = out.dtype().is(py::dtype::of<uint16_t>());
+  TORCH_CHECK(out_bf16 || out.dtype().is(py::dtype::of<float>()), "paged_decode: out is float32 or bf16 bits");
+  check_paged_rows(rows);
+  for (int64_t r = 0; r < rows.rows; ++r)
+    TORCH_CHECK(rp[r] >= 0 && rp[r] < out.shape(0), "paged_decode: out row ", rp[r], " is out of range");
+  py::gil_scoped_release released;
+  paged_decode_into(rows, qp, pp, out.mutable_data(), out_bf16, rp);
 }
