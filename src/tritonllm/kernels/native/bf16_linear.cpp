@@ -25,6 +25,8 @@ namespace {
 constexpr int64_t kCols = 16;        // output columns a block (one zmm of float32)
 constexpr int64_t kGroup = 4;        // blocks computed together (weight loads reuse the row broadcasts)
 constexpr int64_t kRows = 6;         // rows computed together by the AVX512 kernel (24 accumulators)
+constexpr int64_t kWideRows = 8;     // or, in a call of 7 or 8 rows, all of them
+constexpr int64_t kWideGroup = 3;    // with this many blocks (24 accumulators)
 constexpr int64_t kTileRows = 16;    // AMX: rows a tile
 constexpr int64_t kTileK = 32;       // AMX: K a tile dot product
 
@@ -80,18 +82,25 @@ TileFn tile_for(int64_t rows, int64_t blocks) {
     case 3: return tile_for_blocks<3>(blocks);
     case 4: return tile_for_blocks<4>(blocks);
     case 5: return tile_for_blocks<5>(blocks);
-    default: return tile_for_blocks<6>(blocks);
+    case 6: return tile_for_blocks<6>(blocks);
+    case 7: return blocks == 1 ? avx512_tile<7, 1> : blocks == 2 ? avx512_tile<7, 2> : avx512_tile<7, 3>;
+    default: return blocks == 1 ? avx512_tile<8, 1> : blocks == 2 ? avx512_tile<8, 2> : avx512_tile<8, 3>;
   }
 }
 
 void avx512_columns(const bf16* x, int64_t m, int64_t k, const bf16* w, const float* bias, bf16* out, int64_t n,
                     int64_t first_block, int64_t last_block) {
+  // 7 or 8 rows go in one pass of kWideGroup blocks, fetching the next group meanwhile: each weight line
+  // is read once (two passes of 4 read it from memory, then from cache); the lm_head's 8 rows took 0.9
+  // of the time, the layers' 0.98 (Zen 5).
+  const bool wide = m > kRows && m <= kWideRows;
+  const int64_t group = wide ? kWideGroup : kGroup;
   const int64_t k2n = k / 2, block = k2n * kCols * 2;
-  for (int64_t b0 = first_block; b0 < last_block; b0 += kGroup) {
-    const int64_t blocks = std::min(kGroup, last_block - b0);
-    const int64_t next_blocks = std::min(kGroup, last_block - b0 - blocks);
-    row_passes(m, kRows, w + (b0 + blocks) * block, next_blocks * block * int64_t(sizeof(bf16)), k2n,
-               [&](int64_t r0, int64_t rows, Ahead ahead) {
+  for (int64_t b0 = first_block; b0 < last_block; b0 += group) {
+    const int64_t blocks = std::min(group, last_block - b0);
+    const int64_t next_blocks = std::min(group, last_block - b0 - blocks);
+    row_passes(m, wide ? kWideRows : kRows, w + (b0 + blocks) * block, next_blocks * block * int64_t(sizeof(bf16)),
+               k2n, wide, [&](int64_t r0, int64_t rows, Ahead ahead) {
                  tile_for(rows, blocks)(x + r0 * k, k, w + b0 * block, k2n, bias ? bias + b0 * kCols : nullptr,
                                         out + r0 * n + b0 * kCols, n, ahead);
                });

@@ -173,7 +173,7 @@ class DecodeLayers {
 };
 
 void bind_decode_layers(py::module_& m) {
-  py::class_<DecodeLayers>(m, "DecodeLayers", "a decode step's decoder layers in one call (kernels/decode_layers.py)")
+  py::class_<DecodeLayers>(m, "DecodeLayers", py::module_local(), "a decode step's decoder layers in one call (kernels/decode_layers.py)")
       .def(py::init<const py::list&, const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, int64_t, double,
                     double>(),
            py::arg("layers"), py::arg("cos"), py::arg("sin"), py::arg("heads"), py::arg("kv_heads"), py::arg("dim"),

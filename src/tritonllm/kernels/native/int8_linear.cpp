@@ -160,7 +160,7 @@ void tritonllm_native::int8_linear_into(const bf16* xp, int64_t m, int64_t k, co
       const int64_t b_first = blocks * share / shares, b_last = blocks * (share + 1) / shares;
       for (int64_t b0 = b_first; b0 < b_last; b0 += kBlocks) {
         const int64_t nb = std::min(kBlocks, b_last - b0), next_blocks = std::min(kBlocks, b_last - b0 - nb);
-        row_passes(m, kRows, wp + (b0 + nb) * block, next_blocks * block, k / kGroupK,
+        row_passes(m, kRows, wp + (b0 + nb) * block, next_blocks * block, k / kGroupK, false,
                    [&](int64_t r0, int64_t rows, Ahead ahead) {
                      tile_for(rows, nb)(q, r0, k, wp + b0 * block, sp + b0 * groups * kCols,
                                         bp ? bp + b0 * kCols : nullptr, op + b0 * kCols, n, ahead);
