@@ -91,8 +91,8 @@ def test_the_native_kernel_sections_run_only_when_named(tmp_path, capsys):
     assert all(c["native_us"] > 0 and c["native_over_previous"] > 0 for c in linears["shapes"].values())
     assert all(c["int8_us"] > 0 and c["int8_previous_us"] > 0 for c in linears["shapes"].values())
     assert set(steps["cases"]) == {"decode 8 x 32", "decode 32 x 128", "decode 32 x 600", "prefill cold 1280"}
-    assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "Numba attention",
-                                                     "Numba layer ops", "int8", "int8, previous"}
+    assert set(steps["cases"]["decode 8 x 32"]) == {"native", "previous", "native, invariance off", "layer loop",
+                                                     "Numba attention", "Numba layer ops", "int8", "int8, previous"}
     assert all(s > 0 for case in steps["cases"].values() for s in case.values())
 
 

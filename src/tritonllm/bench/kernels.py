@@ -8,8 +8,9 @@
   every thread (`vdpbf16ps`, or AMX's `tdpbf16ps`: the kernel's `peak_flops`, no memory); and the
   same weight in int8, the native int8 kernel (where the CPU has AVX512-VNNI) against torch's;
 - native: the runner's decode steps (8 x 32, 32 x 128) and a cold 1,280-token prefill, with the native
-  kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the Numba paged attention or the
-  Numba layer ops in place of one native kernel (what each buys), the native runner with batch
+  kernels and with them off (TRITONLLM_NATIVE_KERNELS=0), with the layers a piece a call instead of
+  one native call (decode_layers.py), and, in that loop, the Numba paged attention or the Numba layer
+  ops in place of one native kernel (what each buys), the native runner with batch
   invariance off, and with `quantization: int8` with the kernels on (the native int8 linear) and off
   (torch's weight-only int8), alternating in one process.
 """
@@ -147,11 +148,14 @@ def run_native_vs_previous(model, repeats: int = 9) -> dict:
             ("int8", True, True, "int8"), ("int8, previous", False, True, "int8")):  # int8: native int8 kernel or torch's
         with native_kernels(on):
             runners[name] = ModelRunner(model, 32, 2048, quantization, batch_invariant=invariant)
-    with native_kernels(True):  # the native linear with the Numba paged attention: what the native attention buys
-        runners["Numba attention"] = ModelRunner(model, 32, 2048)
+    with native_kernels(True):
+        runners["layer loop"] = ModelRunner(model, 32, 2048)  # what one native call for a decode step's layers buys
+        runners["Numba attention"] = ModelRunner(model, 32, 2048)  # what the native attention buys (in the loop)
         runners["Numba attention"].native_attention = False
-        runners["Numba layer ops"] = ModelRunner(model, 32, 2048)  # what native/layer_ops.cpp buys
+        runners["Numba layer ops"] = ModelRunner(model, 32, 2048)  # what native/layer_ops.cpp buys (in the loop)
         runners["Numba layer ops"].layer_ops = layer_kernels
+        for name in ("layer loop", "Numba attention", "Numba layer ops"):
+            runners[name].decode_layers = None
         layer_kernels.warm_up()
     ids = [(100 + i) % model.config.vocab_size for i in range(1280)]
 
