@@ -7,7 +7,9 @@ new keys and values with one write. Every matmul goes through linear.py, which p
 once per weight (oneDNN prepacked in bf16 on CPU, int8 with `quantization="int8"`, plain
 `F.linear` in float32, bit-equal to the model's own), in calls cut by the step's row groups where
 AMX needs it (`call_ranges`). The work between the matmuls is step_ops.py's: compiled loops on CPU
-in bf16 (layer_kernels.py), PyTorch ops elsewhere. In float32 greedy answers equal the
+in bf16 (layer_kernels.py), PyTorch ops elsewhere; a step whose rows all decode runs its layers
+in one native call where every piece has a native kernel (kernels/decode_layers.py: the same
+kernels, the same bits). In float32 greedy answers equal the
 model's own `generate` token for token (tested). Attention and the KV cache are ours: keys and
 values live in fixed-size blocks (`PagedKVCache`), each sequence in the blocks of its table (the
 scheduler's block_manager.py hands them out); prompt rows attend over their sequence's keys in
