@@ -221,7 +221,7 @@ class ModelRunner:
         the last row of any other chunk that wants logits."""
         layout = self.layout(chunks)
         hidden = self.embed(torch.tensor(layout.ids, device=self.device))  # (T, hidden)
-        if self.decode_layers is not None and not layout.prompt_chunks:
+        if self.decode_layers is not None and layout.decode_rows and not layout.prompt_chunks:
             tables, lengths, order = paged_attention.decode_rows(layout.decode_lengths, layout.decode_tables,
                                                                  self.num_kv_heads)
             delta = self.decode_layers.forward(hidden, np.asarray(layout.positions, np.int64),
