@@ -2,11 +2,11 @@
 //
 // One task per (row, KV head), its query heads scored together so each key and value is read once:
 // - scores: a key's dot product with each query head is `vdpbf16ps` over the key's pairs (the
-//   queries are bf16 values: the model's own q, so rounding them to bf16 is exact), 16 keys a time;
-//   their 16 partial vectors are summed by one fixed tree of shuffles into one vector of 16 scores,
-//   so no key pays a horizontal sum of its own;
+//   queries are bf16 values: the model's own q, so rounding them to bf16 is exact), 8 keys a time;
+//   their 8 partial vectors are summed by one fixed tree of shuffles into 8 scores, so no key pays a
+//   horizontal sum of its own (16 keys a time spilled 48 partial vectors for 3 query heads);
 // - softmax in float32 (a polynomial exp within 2 ulp of expf), then values accumulated with
-//   vertical FMAs, key after key;
+//   vertical FMAs, key after key, each widened from bf16 by a shift and a mask;
 // - a row longer than kPart keys is split into parts of kPart (the last shorter), each part a task
 //   with its own peak and sum, merged in part order when all are done: a lone long row keeps both
 //   threads busy (3 KV heads on 2 threads left one idle half the call);
@@ -28,20 +28,21 @@ constexpr int64_t kKeys = 16;      // keys scored together: one vector of scores
 constexpr int kMaxGroup = 8;       // query heads a KV head
 constexpr int64_t kPart = 1024;    // keys a task at most: a longer row is split into parts of this many
 
-// Lane i of the result is the sum of v[i]'s lanes, summed in one fixed order.
-AVX512_BF16 inline __m512 sum_each(__m512 v[16]) {
-  __m512 pairs[8], quads[4], halves[2];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+// Lane i < 8 of the result is the sum of v[i]'s 16 lanes, in one fixed order: (L0 + L1) + (L2 + L3),
+// L the sums of its 128-bit lanes, each (e0 + e2) + (e1 + e3).
+AVX512_BF16 inline __m256 sum_each(const __m512 v[8]) {
+  __m512 pairs[4], quads[2];
+  for (int i = 0; i < 4; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: one partial of each of 4 keys, in key order
+  for (int i = 0; i < 2; ++i) {  // per 128-bit lane: one partial of each of 4 keys, in key order
     const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
     quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
   }
-  for (int i = 0; i < 2; ++i)  // 128-bit lanes: [q0: L0+L1, L2+L3, q1: L0+L1, L2+L3]
-    halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
-                              _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
-                       _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+  // 128-bit lanes: [keys 0-3: L0+L1, L2+L3, keys 4-7: L0+L1, L2+L3]
+  const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                      _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+  return _mm512_castps512_ps256(
+      _mm512_add_ps(_mm512_shuffle_f32x4(halves, halves, 0x88), _mm512_shuffle_f32x4(halves, halves, 0xDD)));
 }
 
 struct Task {
@@ -76,27 +77,46 @@ struct Cursor {
   }
 };
 
-// The keys then values of the task a thread runs next, asked into L2 a few a key while this one runs.
-// A row's blocks lie anywhere in the pool, so the hardware's prefetchers barely help; and a core alone
-// keeps too few misses in flight to stream a task's keys once it waits on them: prefetching within the
-// task (any distance, any cache level) did not help. The next task's memory overlaps this one's work.
+// The keys then values of the task a thread runs next, asked into L2 a few lines a group of keys while
+// this one runs. A row's blocks lie anywhere in the pool, so the hardware's prefetchers barely help; and
+// a core alone keeps too few misses in flight to stream a task's keys once it waits on them: prefetching
+// within the task (any distance, any cache level) did not help. The next task's memory overlaps this
+// one's work. Its lines are walked a block's span at a time: a cursor step and two prefetches a key
+// cost as much as the dot products with the KV in cache (docs/benchmarks.md §0w).
 template <int D>
 struct NextTask {
-  const Task* t;  // null: none
-  Cursor keys, values;
-  int64_t done = 0, per_key = 0;
-  NextTask(const Task* next, int64_t keys_here) : t(next) {
+  const Task* t;  // null: none, or all fetched
+  int64_t per_call = 0, key = 0, end = 0;  // key: the first of the next span's keys (then values)
+  bool values = false;
+  const char *at = nullptr, *stop = nullptr;  // the span being fetched
+  NextTask(const Task* next, int64_t calls) : t(next) {
     if (!t) return;
-    keys = Cursor(*t, t->keys, D);
-    values = Cursor(*t, t->values, D);
-    per_key = (2 * t->n + 2 * keys_here - 1) / (2 * keys_here);  // spread over this task's keys and values
+    per_call = (2 * t->n * (D * 2 / 64) + calls - 1) / calls;
+    key = t->first;
+    end = t->first + t->n;
   }
-  void fetch_some() {
-    if (!t) return;
-    for (int64_t i = 0; i < per_key && done < 2 * t->n; ++i, ++done) {
-      const char* p = (const char*)(done < t->n ? keys.next() : values.next());
-      for (int64_t b = 0; b < D * 2; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+  void fetch() {  // the next per_call lines
+    for (int64_t left = per_call; left > 0;) {
+      if (at == stop && !next_span()) return;
+      const int64_t count = std::min<int64_t>(left, (stop - at) / 64);
+      for (int64_t i = 0; i < count; ++i) _mm_prefetch(at + 64 * i, _MM_HINT_T1);
+      at += 64 * count;
+      left -= count;
     }
+  }
+  bool next_span() {  // the keys (or values) from `key` to its block's end or the task's
+    if (!t) return false;
+    if (key == end) {
+      if (values) return (t = nullptr), false;
+      values = true;
+      key = t->first;
+    }
+    const int64_t block = key / t->block_size, offset = key % t->block_size;
+    const int64_t count = std::min(end, (block + 1) * t->block_size) - key;
+    at = (const char*)((values ? t->values : t->keys) + (t->table[block] * t->block_size + offset) * D);
+    stop = at + count * D * 2;
+    key += count;
+    return true;
   }
 };
 
@@ -105,7 +125,9 @@ template <int G, int C>
 AVX512_BF16 void attend(const Task& t, const Task* next) {
   constexpr int D = 32 * C, V = 2 * C;  // dim; float32 vectors a head
   const int64_t n = t.n, stride = (n + kKeys - 1) / kKeys * kKeys;
-  NextTask<D> upcoming(next, n);
+  constexpr int64_t kGroup = kKeys / 2;  // keys a group, scored together; the next task fetched a group
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  NextTask<D> upcoming(next, 2 * groups);
   Cursor keys(t, t.keys, D), values(t, t.values, D);
 
   __m512bh q[G][C];
@@ -113,15 +135,16 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
     for (int c = 0; c < C; ++c)
       q[g][c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(t.q + g * D + 32 * c + 16), _mm512_loadu_ps(t.q + g * D + 32 * c));
 
-  __m512 partial[G][kKeys];
-  for (int64_t first = 0; first < n; first += kKeys) {
-    for (int64_t j = 0; j < kKeys; ++j) {
+  // scores 8 keys a time: G x 8 partial vectors stay in registers (16 keys a time spilled them)
+  for (int64_t first = 0; first < n; first += kGroup) {
+    upcoming.fetch();
+    __m512 partial[G][kGroup];
+    for (int64_t j = 0; j < kGroup; ++j) {
       const int64_t k = first + j;
       if (k >= n) {
         for (int g = 0; g < G; ++g) partial[g][j] = _mm512_setzero_ps();
         continue;
       }
-      upcoming.fetch_some();
       const bf16* key = keys.next();
       __m512bh kv[C];
       for (int c = 0; c < C; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(key + 32 * c);
@@ -132,8 +155,10 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
       }
     }
     for (int g = 0; g < G; ++g)
-      _mm512_storeu_ps(t.scores + g * stride + first, _mm512_mul_ps(sum_each(partial[g]), _mm512_set1_ps(t.scale)));
+      _mm256_storeu_ps(t.scores + g * stride + first, _mm256_mul_ps(sum_each(partial[g]), _mm256_set1_ps(t.scale)));
   }
+  if (n % kKeys && n % kKeys <= kKeys / 2)  // the last 16's unscored half: zeros
+    for (int g = 0; g < G; ++g) _mm256_storeu_ps(t.scores + g * stride + stride - kKeys / 2, _mm256_setzero_ps());
 
   float tops[G], totals[G];
   for (int g = 0; g < G; ++g) {  // softmax, in place (a part: exp(s - its peak), not yet divided)
@@ -156,19 +181,37 @@ AVX512_BF16 void attend(const Task& t, const Task* next) {
     for (int64_t k = 0; k < n; k += kKeys) _mm512_storeu_ps(s + k, _mm512_div_ps(_mm512_loadu_ps(s + k), sum));
   }
 
-  __m512 acc[G][V];
+  // values widened by a shift (even dims) and a mask (odd dims) of their bf16 pairs: lane i of
+  // even[g][c] / odd[g][c] sums dim 32 c + 2 i / 32 c + 2 i + 1, interleaved back at the end
+  __m512 even[G][C], odd[G][C];
   for (int g = 0; g < G; ++g)
-    for (int v = 0; v < V; ++v) acc[g][v] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) even[g][c] = odd[g][c] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
   for (int64_t k = 0; k < n; ++k) {
-    upcoming.fetch_some();
+    if (k % kGroup == 0) upcoming.fetch();
     const bf16* value = values.next();
-    __m512 vv[V];
-    for (int v = 0; v < V; ++v) vv[v] = widen(value + 16 * v);
+    __m512 lo[C], hi[C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i pairs = _mm512_loadu_si512(value + 32 * c);
+      lo[c] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+      hi[c] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+    }
     for (int g = 0; g < G; ++g) {
       const __m512 p = _mm512_set1_ps(t.scores[g * stride + k]);
-      for (int v = 0; v < V; ++v) acc[g][v] = _mm512_fmadd_ps(p, vv[v], acc[g][v]);
+      for (int c = 0; c < C; ++c) {
+        even[g][c] = _mm512_fmadd_ps(p, lo[c], even[g][c]);
+        odd[g][c] = _mm512_fmadd_ps(p, hi[c], odd[g][c]);
+      }
     }
   }
+  __m512 acc[G][V];
+  const __m512i first_half = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i second_half = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) {
+      acc[g][2 * c] = _mm512_permutex2var_ps(even[g][c], first_half, odd[g][c]);
+      acc[g][2 * c + 1] = _mm512_permutex2var_ps(even[g][c], second_half, odd[g][c]);
+    }
   if (t.part) {
     for (int g = 0; g < G; ++g) {
       for (int v = 0; v < V; ++v) _mm512_storeu_ps(t.part + g * (D + 2) + 16 * v, acc[g][v]);
